@@ -1,0 +1,21 @@
+"""nodelm_lib: continuous-depth (Neural ODE) transformer language models.
+
+    import nodelm_lib as nl
+    cfg = nl.ModelConfig(arch="hybrid", vocab_size=256)
+    model = nl.build_model(cfg)
+    logits, loss = model(idx, targets)
+    rec = nl.train(nl.TrainConfig(model=cfg, max_steps=200))
+"""
+
+__version__ = "0.1.0"  # set before the imports below: train.py records it
+
+from .config import ModelConfig, ODEConfig, TrainConfig, apply_overrides, load_yaml, save_yaml
+from .models import build_model
+from .ode import odeint
+from .train import NonFiniteError, RunRecord, train  # noqa: E402  (rebinds nl.train to the function)
+
+
+__all__ = [
+    "ModelConfig", "ODEConfig", "TrainConfig", "apply_overrides", "load_yaml", "save_yaml",
+    "build_model", "odeint", "train", "RunRecord", "NonFiniteError",
+]

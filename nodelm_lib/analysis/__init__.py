@@ -1,0 +1,1 @@
+"""Analyses of trained models and their runs (gradient flow; spectra and Lyapunov exponents to come)."""

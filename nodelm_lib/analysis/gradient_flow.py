@@ -1,0 +1,129 @@
+"""Gradient-flow validation of continuous-depth blocks (notebook 01).
+
+Question: can an ODE block replace a span of transformer layers without damaging gradient
+flow? Two runs with the same seed, data order and evaluation batches (a ``gpt`` baseline
+and a ``hybrid``) are summarised per model and judged against explicit criteria.
+
+A training step's gradient norm counts as *vanishing* below ``Criteria.vanishing`` and as
+*exploding* above ``Criteria.exploding`` (norms are measured before clipping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+
+from ..plotting import smooth, use_style
+from ..train import RunRecord
+
+ODE_GROUP = "grad_norm/ode_block"
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """The pass/fail thresholds, stated once and printed by the notebook."""
+
+    vanishing: float = 1e-6  # a step's ODE-block grad norm below this is vanishing
+    exploding: float = 100.0  # ... above this is exploding
+    max_val_loss_ratio: float = 1.10  # hybrid / baseline final validation loss
+    min_mean_ode_grad: float = 1e-3  # the ODE block must actually be trained
+    min_control_effect: float = 1e-6  # mean |delta logit| when the control vector is set
+
+
+def _stats(values) -> tuple[float, float]:
+    values = np.asarray(values, dtype=float)
+    return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def summarize(name: str, record: RunRecord, criteria: Criteria = Criteria()) -> dict:
+    """One results row: parameters, final losses, gradient-norm statistics and counts."""
+    total = [row["grad_norm"] for row in record.metrics]
+    ode = [row[ODE_GROUP] for row in record.metrics if ODE_GROUP in row]
+    g_mean, g_std = _stats(total)
+    row = {
+        "model": name,
+        "arch": record.config["model"]["arch"],
+        "params_total": record.params["total"],
+        "params_non_embedding": record.params["non_embedding"],
+        "final_train_loss": record.final["train_loss"],
+        "final_val_loss": record.final["val_loss"],
+        "grad_norm_mean": g_mean,
+        "grad_norm_std": g_std,
+        "ode_grad_norm_mean": np.nan,
+        "ode_grad_norm_std": np.nan,
+        "vanishing_steps": int(sum(v < criteria.vanishing for v in total)),
+        "exploding_steps": int(sum(v > criteria.exploding for v in total)),
+        "ode_vanishing_steps": np.nan,
+        "ode_exploding_steps": np.nan,
+        "tokens_per_s": record.tokens_per_s,
+    }
+    if ode:
+        row["ode_grad_norm_mean"], row["ode_grad_norm_std"] = _stats(ode)
+        row["ode_vanishing_steps"] = int(sum(v < criteria.vanishing for v in ode))
+        row["ode_exploding_steps"] = int(sum(v > criteria.exploding for v in ode))
+    return row
+
+
+def summary_table(records: dict[str, RunRecord], criteria: Criteria = Criteria()) -> pd.DataFrame:
+    return pd.DataFrame([summarize(name, rec, criteria) for name, rec in records.items()])
+
+
+@torch.no_grad()
+def control_effect(model: torch.nn.Module, idx: torch.Tensor, n_draws: int = 8, seed: int = 0) -> float:
+    """Mean |logits(u) - logits(no control)| over ``n_draws`` control vectors u ~ N(0, I)."""
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    plain, _ = model(idx)
+    k = model.cfg.control_dim
+    diffs = []
+    for _ in range(n_draws):
+        u = torch.randn(idx.shape[0], k, generator=gen).to(idx.device)
+        steered, _ = model(idx, control=u)
+        diffs.append((steered - plain).abs().mean().item())
+    return float(np.mean(diffs))
+
+
+def verdict(table: pd.DataFrame, baseline: str, hybrid: str, control: float,
+            criteria: Criteria = Criteria()) -> pd.DataFrame:
+    """Each criterion with its measured value, threshold and whether it passed."""
+    base, hyb = table.set_index("model").loc[baseline], table.set_index("model").loc[hybrid]
+    ratio = hyb["final_val_loss"] / base["final_val_loss"]
+    checks = [
+        ("no vanishing ODE-block gradient steps", hyb["ode_vanishing_steps"], "== 0", hyb["ode_vanishing_steps"] == 0),
+        ("no exploding ODE-block gradient steps", hyb["ode_exploding_steps"], "== 0", hyb["ode_exploding_steps"] == 0),
+        ("mean ODE-block gradient norm", hyb["ode_grad_norm_mean"], f">= {criteria.min_mean_ode_grad:g}",
+         hyb["ode_grad_norm_mean"] >= criteria.min_mean_ode_grad),
+        ("final val loss ratio hybrid / baseline", ratio, f"<= {criteria.max_val_loss_ratio:g}",
+         ratio <= criteria.max_val_loss_ratio),
+        ("control vector changes the logits", control, f">= {criteria.min_control_effect:g}",
+         control >= criteria.min_control_effect),
+    ]
+    return pd.DataFrame(checks, columns=["criterion", "value", "threshold", "passed"]).astype({"passed": bool})
+
+
+def plot_gradient_flow(records: dict[str, RunRecord], window: int = 10) -> plt.Figure:
+    """Training and validation loss, total gradient norm, ODE-block gradient norm."""
+    use_style()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for name, rec in records.items():
+        steps = [r["step"] for r in rec.metrics]
+        line, = axes[0].plot(steps, smooth([r["loss"] for r in rec.metrics], window), label=f"{name} (train)")
+        axes[0].plot([e["step"] for e in rec.evals], [e["val_loss"] for e in rec.evals], "o--",
+                     color=line.get_color(), ms=3, label=f"{name} (val)")
+        axes[1].plot(steps, smooth([r["grad_norm"] for r in rec.metrics], window), label=name)
+        if ODE_GROUP in rec.metrics[0]:
+            axes[2].plot(steps, smooth([r[ODE_GROUP] for r in rec.metrics], window), color=line.get_color(), label=name)
+    axes[0].set(title="Loss", xlabel="step", ylabel="cross-entropy (nats)")
+    axes[1].set(title="Total gradient norm (before clipping)", xlabel="step", yscale="log")
+    axes[2].set(title="ODE-block gradient norm", xlabel="step", yscale="log")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["Criteria", "summarize", "summary_table", "control_effect", "verdict", "plot_gradient_flow", "asdict"]

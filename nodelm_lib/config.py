@@ -1,0 +1,275 @@
+"""Dataclass configs with strict validation, YAML round-trips and ``key=value`` overrides.
+
+Three configs nest: ``TrainConfig.model`` is a ``ModelConfig`` and ``ModelConfig.ode`` an
+``ODEConfig``. Every config validates itself on construction, so an invalid value fails
+where it is written, not hundreds of steps into a run. Errors name the key, the bad value
+and the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+from .data import CORPORA, TOKENIZERS
+from .ode.solve import ADAPTIVE_METHODS, SENSITIVITIES
+from .ode.tableaus import TABLEAUS
+
+ARCHS = ("gpt", "hybrid")
+METHODS = tuple(TABLEAUS) + ADAPTIVE_METHODS
+DTYPES = ("float32", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def _check_choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, choices))}")
+
+
+def _check_positive(key: str, value: Any, allow_zero: bool = False) -> None:
+    bad = value < 0 if allow_zero else value <= 0
+    if bad:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{key}={value!r} is not valid; it must be {bound}")
+
+
+@dataclass
+class ODEConfig:
+    """How a continuous-depth block is integrated over t in [0, 1].
+
+    ``n_steps`` is the number of fixed steps (the grid is ``linspace(0, 1, n_steps + 1)``);
+    adaptive methods use ``rtol`` / ``atol`` / ``max_num_steps`` instead.
+    """
+
+    method: str = "euler"
+    n_steps: int = 4
+    sensitivity: str = "direct"
+    rtol: float = 1e-3
+    atol: float = 1e-4
+    max_num_steps: int = 1000
+
+    def __post_init__(self) -> None:
+        _check_choice("ode.method", self.method, METHODS)
+        _check_choice("ode.sensitivity", self.sensitivity, SENSITIVITIES)
+        _check_positive("ode.n_steps", self.n_steps)
+        _check_positive("ode.rtol", self.rtol)
+        _check_positive("ode.atol", self.atol)
+        _check_positive("ode.max_num_steps", self.max_num_steps)
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a causal language model; ``arch`` selects the family.
+
+    ``vocab_size=None`` means "take it from the tokenizer" (``nl.train`` fills it in).
+    Hybrid only: layers ``[ode_start, ode_end)`` of an ``n_layers`` stack are replaced by one
+    ODE block; ``control_dim`` is the size of the optional control vector u (0 disables it).
+    """
+
+    arch: str = "gpt"
+    vocab_size: Union[int, None] = None
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 4
+    max_seq_len: int = 128
+    dropout: float = 0.0
+    mlp_ratio: int = 4
+    bias: bool = True
+    ode: ODEConfig = field(default_factory=ODEConfig)
+    ode_start: int = 2
+    ode_end: int = 4
+    control_dim: int = 4
+    ode_scale_init: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check_choice("model.arch", self.arch, ARCHS)
+        if self.vocab_size is not None:
+            _check_positive("model.vocab_size", self.vocab_size)
+        for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "mlp_ratio"):
+            _check_positive(f"model.{key}", getattr(self, key))
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout={self.dropout!r} is not valid; it must be in [0, 1)")
+        _check_positive("model.control_dim", self.control_dim, allow_zero=True)
+        if self.arch == "hybrid" and not 0 <= self.ode_start < self.ode_end <= self.n_layers:
+            raise ValueError(
+                f"model.ode_start={self.ode_start}, model.ode_end={self.ode_end} is not a valid span "
+                f"of model.n_layers={self.n_layers}; need 0 <= ode_start < ode_end <= n_layers"
+            )
+
+
+@dataclass
+class TrainConfig:
+    """One training run: model, data, optimisation, evaluation, checkpoints and logging.
+
+    The optimiser is AdamW (weight decay on matrices only) with linear warmup for
+    ``warmup_steps`` and cosine decay to ``lr * min_lr_ratio`` at ``max_steps``.
+    Evaluation uses ``eval_batches`` fixed validation batches drawn with ``eval_seed``, the
+    same for every run seed so that runs can be compared pairwise.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dataset: str = "tinyshakespeare"
+    tokenizer: str = "char"
+    data_dir: Union[str, None] = None
+    batch_size: int = 12
+    seq_len: int = 64
+    max_steps: int = 2000
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_interval: int = 250
+    eval_batches: int = 20
+    eval_seed: int = 1234
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "float32"
+    out_dir: Union[str, None] = None
+    checkpoint_interval: int = 0
+    resume: bool = False
+    log_dir: Union[str, None] = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _check_choice("dataset", self.dataset, CORPORA)
+        _check_choice("tokenizer", self.tokenizer, TOKENIZERS)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("device", self.device, DEVICES)
+        for key in ("batch_size", "seq_len", "max_steps", "lr", "eval_interval", "eval_batches"):
+            _check_positive(key, getattr(self, key))
+        for key in ("warmup_steps", "weight_decay", "grad_clip", "checkpoint_interval"):
+            _check_positive(key, getattr(self, key), allow_zero=True)
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r} is not valid; it must be in [0, 1]")
+        if self.seq_len > self.model.max_seq_len:
+            raise ValueError(
+                f"seq_len={self.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}"
+            )
+        if (self.resume or self.checkpoint_interval) and not self.out_dir:
+            raise ValueError("resume/checkpoint_interval need out_dir (where checkpoints live)")
+
+    def config_hash(self) -> str:
+        """Short sha256 over the fields that change the numbers a run produces."""
+        return config_hash(self)
+
+
+# Fields that say where or how visibly a run happens, not what it computes.
+NON_SEMANTIC_KEYS = frozenset({"out_dir", "checkpoint_interval", "resume", "log_dir", "progress", "data_dir"})
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    d = {k: v for k, v in to_dict(cfg).items() if k not in NON_SEMANTIC_KEYS}
+    blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- dict / YAML
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _is_config(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Convert ``value`` to the field type ``tp`` or raise a ValueError naming ``key``."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(key, value, inner)
+    if _is_config(tp):
+        if isinstance(tp, type) and isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{key} must be a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=f"{key}.")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:  # YAML 1.1 reads "1e-3" as a string
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ValueError(f"{key}={value!r} is not a valid {getattr(tp, '__name__', tp)}")
+
+
+def from_dict(cls: type, d: dict, prefix: str = "") -> Any:
+    """Build config ``cls`` from a (possibly nested) dict; unknown keys are errors."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(d) - set(names))
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(prefix + k for k in unknown)} for {cls.__name__}; "
+            f"valid keys: {', '.join(names)}"
+        )
+    return cls(**{k: _coerce(prefix + k, v, hints[k]) for k, v in d.items()})
+
+
+def save_yaml(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def load_yaml(path: str | Path, cls: type = None) -> Any:
+    """Load a config from YAML; ``cls`` defaults to TrainConfig."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    return from_dict(cls or TrainConfig, data)
+
+
+def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+    """Return a copy of ``cfg`` with ``"a.b=value"`` overrides applied (values parsed as YAML)."""
+    d = to_dict(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key=value, e.g. model.arch=hybrid")
+        key, raw = item.split("=", 1)
+        node = d
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                raise ValueError(f"unknown key {key!r}: {part!r} is not a config section")
+            node = node[part]
+        if parts[-1] not in node:
+            raise ValueError(f"unknown key {key!r}; valid keys here: {', '.join(node)}")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return from_dict(type(cfg), d)

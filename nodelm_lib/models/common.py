@@ -1,0 +1,84 @@
+"""What every language model shares: token + position embeddings, final norm, tied head.
+
+A family subclasses ``CausalLM`` and implements ``body(x, **kwargs)``, the map from the
+embedded sequence (B, T, D) to the final hidden states (B, T, D). Everything else (the
+``max_seq_len`` check, the loss, initialisation, parameter counts) lives here once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+
+
+class CausalLM(nn.Module):
+    """Base class: ``logits, loss = model(idx, targets)``; ``loss`` is None without targets."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size is None:
+            raise ValueError("model.vocab_size is None; set it (e.g. 256 for char, 50257 for gpt2)")
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+
+    def body(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, **kwargs):
+        B, T = idx.shape
+        if T > self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence length {T} exceeds max_seq_len={self.cfg.max_seq_len}; "
+                "crop the context or build the model with a larger max_seq_len"
+            )
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        logits = self.lm_head(self.ln_f(self.body(x, **kwargs)))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+        return logits, loss
+
+    # ------------------------------------------------------------------ initialisation
+
+    def init_weights(self, n_residual_layers: int) -> None:
+        """nanoGPT initialisation: N(0, 0.02) weights, zero biases, and residual output
+        projections (``c_proj``) scaled by 1/sqrt(2 * n_residual_layers) so the residual
+        stream's variance does not grow with depth."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        std = 0.02 / math.sqrt(2 * n_residual_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (the tied head counted once). ``non_embedding`` leaves out the
+        token and position embeddings, the usual basis for comparing model sizes."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wte.weight.numel() + self.wpe.weight.numel()
+        return n
+
+    def param_groups(self) -> dict[str, list[str]]:
+        """Parameter names grouped by top-level module (``wte``, ``blocks``, ``ode_block`` ...),
+        the groups for which training logs separate gradient norms."""
+        groups: dict[str, list[str]] = {}
+        for name, _ in self.named_parameters():
+            groups.setdefault(name.split(".")[0], []).append(name)
+        return groups

@@ -1,0 +1,26 @@
+"""``gpt``: a pre-LN decoder-only transformer (nanoGPT-like), the discrete baseline."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..config import ModelConfig
+from ..nn import Block
+from .common import CausalLM
+
+
+class GPT(CausalLM):
+    """``n_layers`` pre-LN blocks between the shared embeddings and the tied head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.blocks = nn.ModuleList(
+            Block(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.bias) for _ in range(cfg.n_layers)
+        )
+        self.init_weights(n_residual_layers=cfg.n_layers)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x

@@ -1,0 +1,114 @@
+"""``hybrid``: discrete blocks, one ODE block over t in [0, 1] in place of a span of layers,
+then discrete blocks again (the seed-004 experiment).
+
+The ODE block's field is one attention + MLP pair in parallel form, conditioned additively
+on a time embedding e(t) and an optional control vector u:
+
+    h = x + e(t) + P u,        dx/dt = alpha * [ Attn(LN_1(h)) + MLP(LN_2(h)) ]
+
+alpha is a learned scalar initialised at 0.1 so that the flow starts close to the identity
+(a residual block is Euler with dt = 1; alpha keeps each step's update small until training
+decides otherwise).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..config import ModelConfig, ODEConfig
+from ..nn import MLP, Block, CausalSelfAttention, TimeEmbedding
+from ..ode import odeint
+from ..ode.tableaus import TABLEAUS
+from .common import CausalLM
+
+
+class HybridField(nn.Module):
+    """The vector field f(t, x; u) of the hybrid's ODE block."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.control_dim = cfg.control_dim
+        self.time_embed = TimeEmbedding(cfg.d_model)
+        self.control_proj = nn.Linear(cfg.control_dim, cfg.d_model, bias=False) if cfg.control_dim else None
+        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mlp = MLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout, cfg.bias)
+        self.scale = nn.Parameter(torch.tensor(float(cfg.ode_scale_init)))
+
+    def forward(self, t: torch.Tensor, x: torch.Tensor, control: torch.Tensor | None = None) -> torch.Tensor:
+        h = x + self.time_embed(t)
+        if control is not None:
+            h = h + self.control_proj(control).unsqueeze(1)  # (B, D) -> (B, 1, D): same u at every position
+        return self.scale * (self.attn(self.ln_1(h)) + self.mlp(self.ln_2(h)))
+
+
+class ODEBlock(nn.Module):
+    """Integrates the field from t = 0 to t = 1 and returns x(1).
+
+    ``self.ode`` may be replaced after training to evaluate at other ``n_steps`` or methods.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.field = HybridField(cfg)
+        self.ode: ODEConfig = cfg.ode
+
+    def time_grid(self, device: torch.device) -> torch.Tensor:
+        n = self.ode.n_steps if self.ode.method in TABLEAUS else 1  # adaptive: only the end points
+        return torch.linspace(0.0, 1.0, n + 1, device=device)
+
+    def forward(self, x: torch.Tensor, control: torch.Tensor | None = None) -> torch.Tensor:
+        control = self._check_control(control, x)
+        ode = self.ode
+        states = odeint(
+            lambda t, h: self.field(t, h, control),
+            x,
+            self.time_grid(x.device),
+            method=ode.method,
+            sensitivity=ode.sensitivity,
+            rtol=ode.rtol,
+            atol=ode.atol,
+            max_num_steps=ode.max_num_steps,
+        )
+        return states[-1]
+
+    def _check_control(self, control: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+        if control is None:
+            return None
+        k = self.field.control_dim
+        if k == 0:
+            raise ValueError("a control vector was given but the model has control_dim=0")
+        if control.ndim == 1:
+            control = control.unsqueeze(0).expand(x.shape[0], -1)
+        if control.shape != (x.shape[0], k):
+            raise ValueError(f"control must have shape ({x.shape[0]}, {k}) or ({k},), got {tuple(control.shape)}")
+        return control.to(x.dtype)
+
+
+class HybridODETransformer(CausalLM):
+    """Blocks ``[0, ode_start)``, the ODE block, then blocks ``[ode_end, n_layers)``.
+
+    ``model(idx, targets, control=u)`` passes the control vector u (shape (B, control_dim)
+    or (control_dim,)) to the ODE block.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+
+        def blocks(n: int) -> nn.ModuleList:
+            return nn.ModuleList(Block(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.bias) for _ in range(n))
+
+        self.early_blocks = blocks(cfg.ode_start)
+        self.ode_block = ODEBlock(cfg)
+        self.late_blocks = blocks(cfg.n_layers - cfg.ode_end)
+        self.init_weights(n_residual_layers=cfg.n_layers)
+
+    def body(self, x: torch.Tensor, control: torch.Tensor | None = None) -> torch.Tensor:
+        for block in self.early_blocks:
+            x = block(x)
+        x = self.ode_block(x, control)
+        for block in self.late_blocks:
+            x = block(x)
+        return x

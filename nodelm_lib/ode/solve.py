@@ -1,0 +1,84 @@
+"""``odeint``: integrate dx/dt = field(t, x) and return the states at the times ``t``.
+
+Fixed-step methods (euler, midpoint, heun, rk4, rk38) take one Runge-Kutta step per
+interval of ``t``, so ``t = torch.linspace(0, 1, n + 1)`` is n steps, as in torchdiffeq.
+The loop is plain Python over tensors: no grid construction, no host synchronisation, so it
+compiles to one graph under ``torch.compile``. Adaptive methods are handed to torchdiffeq
+for now. The gradient method is a separate argument (``sensitivity``); ``"direct"``
+backpropagates through the solver's operations.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .tableaus import TABLEAUS, ButcherTableau
+
+Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+ADAPTIVE_METHODS = ("dopri5", "bosh3", "adaptive_heun", "dopri8", "fehlberg2")
+SENSITIVITIES = ("direct",)
+
+
+def rk_step(field: Field, tableau: ButcherTableau, t0: torch.Tensor, dt: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """One explicit Runge-Kutta step of size ``dt`` from ``(t0, x)``."""
+    stages: list[torch.Tensor] = []
+    for c_i, a_i in zip(tableau.c, tableau.a):
+        x_i = x
+        for a_ij, k_j in zip(a_i, stages):
+            if a_ij != 0.0:
+                x_i = x_i + (a_ij * dt) * k_j
+        stages.append(field(t0 + c_i * dt, x_i))
+    update = sum(b_i * k_i for b_i, k_i in zip(tableau.b, stages) if b_i != 0.0)
+    return x + dt * update
+
+
+def _check_times(t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor) or t.ndim != 1 or t.numel() < 2:
+        raise ValueError(f"t must be a 1-D tensor of at least two output times, got {t!r}")
+
+
+def odeint(
+    field: Field,
+    x0: torch.Tensor,
+    t: torch.Tensor,
+    method: str = "rk4",
+    sensitivity: str = "direct",
+    rtol: float = 1e-3,
+    atol: float = 1e-4,
+    max_num_steps: int = 1000,
+) -> torch.Tensor:
+    """Solve the initial value problem x(t[0]) = x0, dx/dt = field(t, x).
+
+    Returns a tensor of shape ``(len(t), *x0.shape)`` holding x at each time in ``t``.
+    ``rtol``, ``atol`` and ``max_num_steps`` apply to adaptive methods only.
+    """
+    _check_times(t)
+    if sensitivity not in SENSITIVITIES:
+        raise ValueError(f"sensitivity={sensitivity!r} is not valid; choose one of {', '.join(map(repr, SENSITIVITIES))}")
+    t = t.to(device=x0.device, dtype=x0.dtype if x0.is_floating_point() else torch.float32)
+    if method in TABLEAUS:
+        return _odeint_fixed(field, x0, t, TABLEAUS[method])
+    if method in ADAPTIVE_METHODS:
+        return _odeint_torchdiffeq(field, x0, t, method, rtol, atol, max_num_steps)
+    valid = tuple(TABLEAUS) + ADAPTIVE_METHODS
+    raise ValueError(f"method={method!r} is not valid; choose one of {', '.join(map(repr, valid))}")
+
+
+def _odeint_fixed(field: Field, x0: torch.Tensor, t: torch.Tensor, tableau: ButcherTableau) -> torch.Tensor:
+    states = [x0]
+    x = x0
+    for i in range(t.numel() - 1):
+        x = rk_step(field, tableau, t[i], t[i + 1] - t[i], x)
+        states.append(x)
+    return torch.stack(states)
+
+
+def _odeint_torchdiffeq(field, x0, t, method, rtol, atol, max_num_steps):
+    import torchdiffeq  # imported lazily: only adaptive methods need it
+
+    return torchdiffeq.odeint(
+        field, x0, t, rtol=rtol, atol=atol, method=method, options={"max_num_steps": max_num_steps}
+    )

@@ -1,0 +1,391 @@
+"""Training loop: ``rec = nl.train(TrainConfig(...))``.
+
+One run trains one model on one corpus and returns a ``RunRecord``: the config and its
+hash, per-step metrics (loss, lr, total and per-module-group gradient norms), evaluations
+on a fixed set of validation batches, final train / validation / test loss, parameter
+counts, wall time, tokens/s, peak memory and the software environment.
+
+Reproducibility: the seed fixes initialisation, dropout and the batch order (a dedicated
+``torch.Generator``); evaluation batches depend on ``eval_seed`` only, so every seed and
+every architecture is scored on the same text. A checkpoint stores the model, optimiser,
+both random states and the metrics so far, so ``resume=True`` continues a killed run to the
+same final numbers as an uninterrupted one.
+
+Failure: a non-finite loss or gradient stops the run with ``NonFiniteError`` naming the
+step; the last good checkpoint is kept and the record so far is written (status "failed").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import __version__
+from .config import TrainConfig, from_dict, to_dict
+from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch
+from .models import CausalLM, build_model
+
+CHECKPOINT_NAME = "checkpoint.pt"
+RECORD_NAME = "record.json"
+
+
+class NonFiniteError(RuntimeError):
+    """Raised when the loss or gradient norm stops being finite; ``.record`` holds the run so far."""
+
+    def __init__(self, message: str, record: "RunRecord"):
+        super().__init__(message)
+        self.record = record
+
+
+@dataclass
+class RunRecord:
+    """Everything one run produced; ``to_json`` / ``from_json`` round-trip it."""
+
+    config: dict
+    config_hash: str
+    seed: int
+    status: str = "running"  # running | completed | failed | interrupted
+    metrics: list[dict] = field(default_factory=list)  # one row per optimisation step
+    evals: list[dict] = field(default_factory=list)  # one row per evaluation (step, val_loss)
+    final: dict = field(default_factory=dict)  # train_loss, val_loss, test_loss
+    params: dict = field(default_factory=dict)  # total, non_embedding
+    wall_time_s: float = 0.0
+    train_time_s: float = 0.0
+    tokens_per_s: float = 0.0
+    peak_memory_mb: float = 0.0
+    environment: dict = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def train_config(self) -> TrainConfig:
+        return from_dict(TrainConfig, self.config)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(dataclasses.asdict(self), indent=1)
+        if path is not None:
+            _atomic_write_text(Path(path), text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> "RunRecord":
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            text = Path(text_or_path).read_text()
+        return cls(**json.loads(text))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _atomic_torch_save(obj: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but CUDA is not available; use device='cpu' or 'auto'")
+    return torch.device(name)
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    """Linear warmup over ``warmup_steps``, then cosine decay to ``lr * min_lr_ratio``."""
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    span = max(1, tc.max_steps - tc.warmup_steps)
+    progress = min(1.0, (step - tc.warmup_steps) / span)
+    min_lr = tc.lr * tc.min_lr_ratio
+    return min_lr + 0.5 * (tc.lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices (dim >= 2) only: not on biases, norms or scalars."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    kwargs = dict(lr=tc.lr, betas=(tc.beta1, tc.beta2))
+    try:  # the fused kernel cut the optimiser step ~3.5x on CPU (DESIGN.md)
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, **kwargs)
+
+
+def grad_norms(model: CausalLM, groups: dict[str, list[str]]) -> dict[str, float]:
+    """L2 norm of the gradient, in total and per module group (before clipping)."""
+    named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        raise RuntimeError("no parameter has a gradient: was backward() called?")
+    values = torch.stack(torch._foreach_norm([g for _, g in named])).float().tolist()  # one host sync
+    norms = dict(zip((n for n, _ in named), values))
+    squares = {g: sum(norms[n] ** 2 for n in members if n in norms) for g, members in groups.items()}
+    out = {"grad_norm": math.sqrt(sum(squares.values()))}
+    out.update({f"grad_norm/{g}": math.sqrt(s) for g, s in squares.items()})
+    return out
+
+
+@torch.no_grad()
+def evaluate(model: CausalLM, batches, device: torch.device, autocast) -> float:
+    """Mean loss over fixed batches, in eval mode (no dropout)."""
+    was_training = model.training
+    model.eval()
+    losses = []
+    for x, y in batches:
+        with autocast():
+            _, loss = model(x.to(device), y.to(device))
+        losses.append(float(loss))
+    model.train(was_training)
+    return float(np.mean(losses))
+
+
+def environment(device: torch.device) -> dict:
+    env = {
+        "nodelm": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        if commit.returncode == 0:
+            env["git_commit"] = commit.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass  # not a git checkout (e.g. an installed wheel): the commit is simply not recorded
+    return env
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak CUDA memory allocated, or on CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def with_tokenizer_vocab(tc: TrainConfig) -> TrainConfig:
+    """Fill ``model.vocab_size`` from the tokenizer, or check that it is large enough."""
+    vocab = get_tokenizer(tc.tokenizer).vocab_size
+    if tc.model.vocab_size is None:
+        return dataclasses.replace(tc, model=dataclasses.replace(tc.model, vocab_size=vocab))
+    if tc.model.vocab_size < vocab:
+        raise ValueError(
+            f"model.vocab_size={tc.model.vocab_size} is smaller than the {tc.tokenizer!r} tokenizer's "
+            f"vocabulary ({vocab}); set model.vocab_size={vocab} or leave it unset"
+        )
+    return tc
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(path: Path, model, optimizer, step: int, batch_gen: torch.Generator, record: RunRecord) -> None:
+    _atomic_torch_save(
+        {
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "batch_generator": batch_gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "config_hash": record.config_hash,
+            "metrics": record.metrics,
+            "evals": record.evals,
+        },
+        path,
+    )
+
+
+def load_checkpoint(path: Path, model, optimizer, batch_gen: torch.Generator, record: RunRecord) -> int:
+    """Restore a run from ``path``; returns the number of steps already done."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state["config_hash"] != record.config_hash:
+        raise ValueError(
+            f"checkpoint {path} belongs to config {state['config_hash']}, not {record.config_hash}; "
+            "use another out_dir or resume=False"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    batch_gen.set_state(state["batch_generator"])
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    record.metrics, record.evals = list(state["metrics"]), list(state["evals"])
+    return int(state["step"])
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def _final_train_loss(metrics: list[dict]) -> float:
+    """Mean training loss over the last 10% of steps (at least 1, at most 50): one step's
+    loss is too noisy to compare runs by."""
+    n = max(1, min(50, len(metrics) // 10))
+    return float(np.mean([row["loss"] for row in metrics[-n:]]))
+
+
+def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | None = None) -> RunRecord:
+    """Train ``tc.model`` on ``tc.dataset`` and return the run record.
+
+    ``callback(step, row, model)`` is called after every optimisation step with that step's
+    metrics row (``step`` counts completed updates); an exception it raises stops the run
+    after the record so far is saved. With ``out_dir`` set, the record is written to
+    ``out_dir/record.json`` and checkpoints to ``out_dir/checkpoint.pt``. The trained model
+    is returned as ``record.model`` (an attribute, not part of the JSON).
+    """
+    t_start = time.perf_counter()
+    tc = with_tokenizer_vocab(tc)
+    device = resolve_device(tc.device)
+    out_dir = Path(tc.out_dir) if tc.out_dir else None
+    ckpt_path = out_dir / CHECKPOINT_NAME if out_dir else None
+
+    def tokens(split: str) -> torch.Tensor:
+        arr = load_tokens(tc.dataset, split, tc.tokenizer, data_dir=tc.data_dir)
+        return torch.from_numpy(arr.astype(np.int64))
+
+    train_tokens = tokens("train")
+    val_batches = fixed_batches(tokens("validation"), tc.eval_batches, tc.batch_size, tc.seq_len, tc.eval_seed)
+
+    torch.manual_seed(tc.seed)  # initialisation and dropout masks
+    model = build_model(tc.model).to(device)
+    optimizer = make_optimizer(model, tc)
+    batch_gen = torch.Generator().manual_seed(tc.seed)  # batch order, shared by every arch of a seed
+    groups = model.param_groups()
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")  # noqa: E731
+
+    record = RunRecord(
+        config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed,
+        params={"total": model.num_params(), "non_embedding": model.num_params(non_embedding=True)},
+        environment=environment(device),
+    )
+    start = 0
+    if tc.resume and ckpt_path is not None and ckpt_path.exists():
+        start = load_checkpoint(ckpt_path, model, optimizer, batch_gen, record)
+    if start == 0:
+        record.evals.append({"step": 0, "val_loss": evaluate(model, val_batches, device, autocast)})
+
+    writer = _tensorboard_writer(tc.log_dir)
+    model.train()
+    train_time = 0.0
+    bar = tqdm(total=tc.max_steps, initial=start, disable=not tc.progress, desc=f"{tc.model.arch} seed {tc.seed}")
+    try:
+        for step in range(start, tc.max_steps):
+            t0 = time.perf_counter()
+            row = _train_step(model, optimizer, tc, step, train_tokens, batch_gen, device, groups, autocast, record)
+            train_time += time.perf_counter() - t0
+            done = step + 1
+            record.metrics.append(row)
+            if done % tc.eval_interval == 0 or done == tc.max_steps:
+                record.evals.append({"step": done, "val_loss": evaluate(model, val_batches, device, autocast)})
+                bar.set_postfix(loss=f"{row['loss']:.3f}", val=f"{record.evals[-1]['val_loss']:.3f}")
+            if tc.checkpoint_interval and done % tc.checkpoint_interval == 0:
+                save_checkpoint(ckpt_path, model, optimizer, done, batch_gen, record)
+            _log_tensorboard(writer, done, row, record.evals[-1] if record.evals[-1]["step"] == done else None)
+            bar.update(1)
+            if callback is not None:
+                callback(done, row, model)
+    except BaseException as err:  # save what was computed, then let the error through
+        record.status = "failed" if isinstance(err, NonFiniteError) else "interrupted"
+        record.error = f"{type(err).__name__}: {err}"
+        _finish(record, tc, device, t_start, train_time, start, out_dir)
+        raise
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+
+    test_batches = fixed_batches(tokens("test"), tc.eval_batches, tc.batch_size, tc.seq_len, tc.eval_seed)
+    record.final = {
+        "train_loss": _final_train_loss(record.metrics),
+        "val_loss": record.evals[-1]["val_loss"],
+        "test_loss": evaluate(model, test_batches, device, autocast),  # computed once, at the end
+    }
+    record.status = "completed"
+    if out_dir is not None and start < tc.max_steps:
+        save_checkpoint(ckpt_path, model, optimizer, tc.max_steps, batch_gen, record)
+    _finish(record, tc, device, t_start, train_time, start, out_dir)
+    record.model = model
+    return record
+
+
+def _train_step(model, optimizer, tc, step, train_tokens, batch_gen, device, groups, autocast, record) -> dict:
+    lr = lr_at(step, tc)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    x, y = sample_batch(train_tokens, tc.batch_size, tc.seq_len, batch_gen, device=device)
+    with autocast():
+        _, loss = model(x, y)
+    loss_value = float(loss.detach())
+    if not math.isfinite(loss_value):
+        raise NonFiniteError(f"non-finite loss ({loss_value}) at step {step + 1}", record)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    norms = grad_norms(model, groups)
+    if not math.isfinite(norms["grad_norm"]):
+        bad = [g for g, v in norms.items() if not math.isfinite(v)]
+        raise NonFiniteError(f"non-finite gradient at step {step + 1} in {', '.join(bad)}", record)
+    if tc.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+    optimizer.step()
+    return {"step": step + 1, "loss": loss_value, "lr": lr, **norms}
+
+
+def _finish(record: RunRecord, tc: TrainConfig, device, t_start: float, train_time: float, start: int, out_dir) -> None:
+    record.wall_time_s = time.perf_counter() - t_start
+    record.train_time_s = train_time
+    steps_here = len(record.metrics) - start
+    record.tokens_per_s = steps_here * tc.batch_size * tc.seq_len / train_time if train_time > 0 else 0.0
+    record.peak_memory_mb = peak_memory_mb(device)
+    if out_dir is not None:
+        record.to_json(out_dir / RECORD_NAME)
+
+
+def _tensorboard_writer(log_dir: str | None):
+    if not log_dir:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:
+        raise ImportError("log_dir needs TensorBoard: pip install tensorboard (in the [dev] extra)") from err
+    return SummaryWriter(log_dir)
+
+
+def _log_tensorboard(writer, step: int, row: dict, evaluation: dict | None) -> None:
+    if writer is None:
+        return
+    for key, value in row.items():
+        if key != "step":
+            writer.add_scalar(f"train/{key}", value, step)
+    if evaluation is not None:
+        writer.add_scalar("val/loss", evaluation["val_loss"], step)
+

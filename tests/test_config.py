@@ -1,0 +1,58 @@
+"""Config validation, YAML round-trips and command-line style overrides."""
+
+import pytest
+
+import nodelm_lib as nl
+from nodelm_lib.config import apply_overrides, from_dict, load_yaml, save_yaml, to_dict
+
+
+def test_yaml_round_trip(tmp_path):
+    tc = nl.TrainConfig(model=nl.ModelConfig(arch="hybrid", d_model=96, ode=nl.ODEConfig(method="rk4", n_steps=6)),
+                        lr=3e-4, max_steps=17)
+    save_yaml(tc, tmp_path / "c.yaml")
+    back = load_yaml(tmp_path / "c.yaml")
+    assert back == tc and isinstance(back.model.ode, nl.ODEConfig)
+    assert back.config_hash() == tc.config_hash()
+
+
+def test_overrides_parse_types_and_nested_keys():
+    tc = apply_overrides(nl.TrainConfig(), ["model.arch=hybrid", "max_steps=500", "lr=1e-3",
+                                            "model.ode.method=rk4", "progress=false"])
+    assert tc.model.arch == "hybrid" and tc.max_steps == 500 and tc.lr == 1e-3
+    assert tc.model.ode.method == "rk4" and tc.progress is False
+
+
+@pytest.mark.parametrize("override, message", [
+    (["model.arch=transformer"], r"model.arch='transformer' is not valid; choose one of 'gpt', 'hybrid'"),
+    (["model.ode.method=rk5"], r"ode.method='rk5' is not valid; choose one of 'euler'"),
+    (["dataset=ptb"], r"dataset='ptb' is not valid; choose one of 'wikitext2'"),
+    (["max_stpes=3"], r"unknown key 'max_stpes'"),
+    (["model.depth=3"], r"unknown key 'model.depth'"),
+    (["max_steps=abc"], r"max_steps='abc' is not a valid int"),
+    (["max_steps=0"], r"max_steps=0 is not valid; it must be > 0"),
+    (["model.dropout=1.5"], r"model.dropout=1.5 is not valid"),
+    (["model.n_heads=5"], r"d_model=64 is not divisible by model.n_heads=5"),
+    (["seq_len=512"], r"seq_len=512 exceeds model.max_seq_len=128"),
+    (["lr"], r"must look like key=value"),
+])
+def test_invalid_values_name_the_key_and_the_choices(override, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(nl.TrainConfig(), override)
+
+
+def test_unknown_keys_in_a_dict_are_rejected_with_the_valid_keys():
+    d = to_dict(nl.TrainConfig())
+    d["model"]["widht"] = 3
+    with pytest.raises(ValueError, match=r"unknown key\(s\) model.widht for ModelConfig; valid keys: arch"):
+        from_dict(nl.TrainConfig, d)
+
+
+def test_hybrid_span_is_checked():
+    with pytest.raises(ValueError, match="ode_start=3, model.ode_end=3 is not a valid span"):
+        nl.ModelConfig(arch="hybrid", n_layers=4, ode_start=3, ode_end=3)
+
+
+def test_hash_ignores_where_a_run_is_written_but_not_what_it_computes():
+    a = nl.TrainConfig()
+    assert a.config_hash() == nl.TrainConfig(out_dir="/tmp/x", progress=False).config_hash()
+    assert a.config_hash() != nl.TrainConfig(seed=1).config_hash()

@@ -1,0 +1,64 @@
+"""The fixed-step solvers: convergence order, grids, errors, torchdiffeq pass-through."""
+
+import math
+
+import pytest
+import torch
+
+import nodelm_lib as nl
+from nodelm_lib.ode import TABLEAUS
+
+ORDERS = {"euler": 1, "midpoint": 2, "heun": 2, "rk4": 4, "rk38": 4}
+
+
+def linear_problem():
+    torch.manual_seed(0)
+    A = torch.randn(4, 4, dtype=torch.float64) * 0.5
+    x0 = torch.randn(4, dtype=torch.float64)
+    exact = torch.linalg.matrix_exp(A) @ x0
+    return (lambda t, x: A @ x), x0, exact
+
+
+@pytest.mark.parametrize("method", sorted(ORDERS))
+def test_convergence_order(method):
+    """Halving the step divides the error at t=1 by ~2^p."""
+    field, x0, exact = linear_problem()
+    errors = []
+    for n in (16, 32, 64):
+        y = nl.odeint(field, x0, torch.linspace(0, 1, n + 1, dtype=torch.float64), method=method)
+        errors.append((y[-1] - exact).norm().item())
+    observed = math.log2(errors[1] / errors[2])
+    assert abs(observed - ORDERS[method]) < 0.25, f"{method}: observed order {observed:.2f}"
+    assert TABLEAUS[method].order == ORDERS[method]
+
+
+def test_returns_every_output_time_and_the_initial_state():
+    field, x0, _ = linear_problem()
+    t = torch.linspace(0, 1, 5, dtype=torch.float64)
+    y = nl.odeint(field, x0, t, method="euler")
+    assert y.shape == (5, 4)
+    torch.testing.assert_close(y[0], x0)
+
+
+def test_adaptive_pass_through_meets_tolerance():
+    field, x0, exact = linear_problem()
+    y = nl.odeint(field, x0, torch.tensor([0.0, 1.0], dtype=torch.float64), method="dopri5", rtol=1e-9, atol=1e-10)
+    assert (y[-1] - exact).norm() < 1e-7
+
+
+def test_direct_gradients_match_finite_differences():
+    A = torch.randn(3, 3, dtype=torch.float64) * 0.3
+    x0 = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    t = torch.linspace(0, 1, 5, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda x: nl.odeint(lambda s, z: torch.tanh(A @ z), x, t, method="rk4")[-1], (x0,))
+
+
+def test_bad_arguments_are_clear_errors():
+    field, x0, _ = linear_problem()
+    t = torch.linspace(0, 1, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="method='rk5' is not valid; choose one of 'euler'"):
+        nl.odeint(field, x0, t, method="rk5")
+    with pytest.raises(ValueError, match="sensitivity='adjoint' is not valid"):
+        nl.odeint(field, x0, t, sensitivity="adjoint")
+    with pytest.raises(ValueError, match="1-D tensor"):
+        nl.odeint(field, x0, torch.tensor(1.0), method="euler")
