@@ -10,7 +10,7 @@ A training step's gradient norm counts as *vanishing* below ``Criteria.vanishing
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from ..plotting import smooth, use_style
+from ..config import TrainConfig
 from ..train import RunRecord
 
 ODE_GROUP = "grad_norm/ode_block"
@@ -126,4 +127,11 @@ def plot_gradient_flow(records: dict[str, RunRecord], window: int = 10) -> plt.F
     return fig
 
 
-__all__ = ["Criteria", "summarize", "summary_table", "control_effect", "verdict", "plot_gradient_flow", "asdict"]
+def paired_configs(hybrid: TrainConfig) -> dict[str, TrainConfig]:
+    """The baseline and the hybrid of one comparison: identical but for ``model.arch``.
+
+    Same seed means the same batch order and the same evaluation batches (see ``train``),
+    so the two loss curves differ only by the architecture.
+    """
+    return {"baseline": replace(hybrid, model=replace(hybrid.model, arch="gpt")),
+            "hybrid": replace(hybrid, model=replace(hybrid.model, arch="hybrid"))}

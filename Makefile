@@ -1,0 +1,190 @@
+# nodelm: build, test and reproduce.
+#
+#   make setup                 create $(VENV) (if missing) and install torch + nodelm[dev]
+#   make test                  unit tests, then nbval over notebooks/ (smoke parameters)
+#   make reproduce PROFILE=cpu every notebook with params/<nb>/$(PROFILE).yaml, then tables
+#
+# torch is installed first, on its own, so that you choose the build:
+#   default:        TORCH_SPEC=torch==2.13.0 from pip's configured sources (find-links, PyPI)
+#   CUDA:           make setup TORCH_INDEX=https://download.pytorch.org/whl/cu124 TORCH_SPEC=torch
+#   CPU-only wheel on Linux (PyPI's Linux wheel pulls ~3 GB of CUDA libraries):
+#                   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# If torch already imports in $(VENV) it is left alone (on Colab, reuse its torch with
+# `make setup VENV_FLAGS=--system-site-packages`);
+# pyproject.toml only asks for a range (torch>=2.1) so pip never replaces it.
+#
+# GNU make; tested with 4.3 and Python 3.10+.
+
+PYTHON      ?= python3
+VENV        ?= .venv
+PROFILE     ?= cpu
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
+VENV_FLAGS  ?=
+# fallback when the pinned wheel is not available for this platform / Python
+TORCH_FALLBACK ?= torch>=2.1
+
+# Notebooks, by file stem under notebooks/. Adding one is one word here; each gets a
+# phony target of the same name and an alias without the numeric prefix
+# (01_gradient_flow -> gradient_flow).
+NOTEBOOKS := 01_gradient_flow
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+
+# Paths are taken relative to this Makefile, so `make -C <repo>` works too.
+ROOT   := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+VPY    := $(VENV)/bin/python
+VPIP   := $(VPY) -m pip
+STAMP  := $(VENV)/.nodelm-installed
+
+# Offline data next to the checkout (../shared/data); an explicit environment wins.
+SHARED_DATA := $(abspath $(ROOT)/../shared/data)
+ifneq ($(wildcard $(SHARED_DATA)/.),)
+NODELM_DATA_DIR ?= $(SHARED_DATA)
+export NODELM_DATA_DIR
+endif
+ifneq ($(wildcard $(SHARED_DATA)/tiktoken_cache/.),)
+TIKTOKEN_CACHE_DIR ?= $(SHARED_DATA)/tiktoken_cache
+export TIKTOKEN_CACHE_DIR
+endif
+
+# Jupyter kernels (nbval, papermill) run without an inherited MPLBACKEND so ipykernel
+# picks its headless inline backend: figures then appear in outputs the same way as in
+# JupyterLab, whatever the caller set (CI sets MPLBACKEND=Agg for plain pytest).
+KERNEL_ENV := env -u MPLBACKEND
+
+PYTEST_FLAGS    ?=
+NBVAL_FLAGS     ?= --nbval-current-env
+PAPERMILL_FLAGS ?=
+
+torch_index_opt = $(if $(strip $(TORCH_INDEX)),--index-url $(strip $(TORCH_INDEX)))
+# 02_seed_comparison -> seed_comparison
+empty :=
+space := $(empty) $(empty)
+nb_alias = $(subst $(space),_,$(wordlist 2,99,$(subst _, ,$(1))))
+
+.PHONY: help setup test unit nbval reproduce tables lab clean distclean $(NOTEBOOKS)
+
+help:
+	@echo "nodelm make targets (PROFILE=$(PROFILE), VENV=$(VENV)):"
+	@echo "  setup       create $(VENV) if missing; install torch ($(TORCH_SPEC)) then -e .[dev]"
+	@echo "  test        unit tests (pytest tests/) then nbval over notebooks/"
+	@echo "  unit        unit tests only;  nbval: notebook tests only"
+	@echo "  reproduce   run every notebook with params/<nb>/\$$PROFILE.yaml, then tables"
+	@echo "  tables      rewrite the README tables from results/ (python -m nodelm_lib tables)"
+	@echo "  lab         install the [lab] extra if needed and start JupyterLab"
+	@echo "  clean       remove executed notebooks, caches, checkpoints, __pycache__"
+	@echo "  distclean   clean, and remove $(VENV)"
+	@echo "  notebooks:  $(foreach nb,$(NOTEBOOKS),$(nb)$(if $(call nb_alias,$(nb)), (alias $(call nb_alias,$(nb)))))"
+	@echo "variables: PYTHON=$(PYTHON) PROFILE=cpu|gpu|smoke TORCH_SPEC=... TORCH_INDEX=<url>"
+
+# ---------------------------------------------------------------- environment
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if [ ! -x "$(VPY)" ]; then \
+	  $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+	    || { echo "error: $(PYTHON) is $$($(PYTHON) --version 2>&1); nodelm needs Python 3.10+ (set PYTHON=...)" >&2; exit 1; }; \
+	  echo ">> creating $(VENV) with $$($(PYTHON) --version 2>&1)"; \
+	  $(PYTHON) -m venv $(VENV_FLAGS) "$(VENV)"; \
+	  $(VPIP) install --quiet --upgrade pip \
+	    || echo "warning: could not upgrade pip; continuing with $$($(VPIP) --version)" >&2; \
+	fi
+	@if $(VPY) -c 'import torch' >/dev/null 2>&1; then \
+	  echo ">> torch $$($(VPY) -c 'import torch; print(torch.__version__)') already installed; leaving it"; \
+	else \
+	  echo ">> installing $(TORCH_SPEC) $(torch_index_opt)"; \
+	  if ! $(VPIP) install "$(TORCH_SPEC)" $(torch_index_opt); then \
+	    echo "warning: $(TORCH_SPEC) is not available here; falling back to '$(TORCH_FALLBACK)' (results may differ slightly from the pinned version)" >&2; \
+	    $(VPIP) install "$(TORCH_FALLBACK)" $(torch_index_opt); \
+	  fi; \
+	fi
+	@echo ">> installing nodelm (editable) with the [dev] extra"
+	$(VPIP) install -e ".[dev]"
+	@touch "$@"
+
+# ---------------------------------------------------------------- tests
+
+# Canned recipes, shared by `test` (both, in order) and `unit` / `nbval` (one each).
+define run_unit
+$(VPY) -m pytest $(PYTEST_FLAGS)
+endef
+
+# pytest exits 5 when it collects nothing (no notebooks yet): success for this step only.
+define run_nbval
+@if [ -z "$$(ls notebooks/*.ipynb 2>/dev/null)" ]; then \
+  echo ">> nbval: no notebooks/*.ipynb yet; skipping"; \
+else \
+  rc=0; \
+  echo "$(KERNEL_ENV) $(VPY) -m pytest --nbval $(NBVAL_FLAGS) $(PYTEST_FLAGS) notebooks/"; \
+  $(KERNEL_ENV) $(VPY) -m pytest --nbval $(NBVAL_FLAGS) $(PYTEST_FLAGS) notebooks/ || rc=$$?; \
+  if [ $$rc -eq 5 ]; then echo ">> nbval: no notebook tests collected; ok"; rc=0; fi; \
+  exit $$rc; \
+fi
+endef
+
+test: setup
+	$(run_unit)
+	$(run_nbval)
+
+unit: setup
+	$(run_unit)
+
+nbval: setup
+	$(run_nbval)
+
+# ---------------------------------------------------------------- notebooks
+
+# One phony target per notebook: papermill with params/<nb>/$(PROFILE).yaml.
+# PROFILE=smoke uses the notebook's own parameters cell when no smoke.yaml exists.
+$(NOTEBOOKS): %: setup
+	@mkdir -p results/executed
+	@params="params/$*/$(PROFILE).yaml"; \
+	if [ -f "$$params" ]; then popt="-f $$params"; \
+	elif [ "$(PROFILE)" = smoke ]; then popt=""; \
+	else echo "error: $$params not found (profiles here: $$(ls params/$*/ 2>/dev/null | tr '\n' ' '))" >&2; exit 1; fi; \
+	echo ">> $* [$(PROFILE)]: papermill notebooks/$*.ipynb -> results/executed/$*_$(PROFILE).ipynb"; \
+	start=$$(date +%s); \
+	$(KERNEL_ENV) $(VENV)/bin/papermill notebooks/$*.ipynb results/executed/$*_$(PROFILE).ipynb \
+	  $$popt --cwd notebooks -k python3 $(PAPERMILL_FLAGS); \
+	echo ">> $* [$(PROFILE)] done in $$(( $$(date +%s) - start )) s"
+
+# Short aliases: gradient_flow -> 01_gradient_flow, ...
+define alias_rule
+.PHONY: $(2)
+$(2): $(1)
+endef
+$(foreach nb,$(NOTEBOOKS),$(if $(call nb_alias,$(nb)),$(eval $(call alias_rule,$(nb),$(call nb_alias,$(nb))))))
+
+reproduce: setup
+	@start=$$(date +%s); rc=0; \
+	for nb in $(NOTEBOOKS); do \
+	  $(MAKE) --no-print-directory $$nb PROFILE=$(PROFILE) || { rc=$$?; break; }; \
+	done; \
+	if [ $$rc -eq 0 ]; then $(MAKE) --no-print-directory tables PROFILE=$(PROFILE) || rc=$$?; fi; \
+	secs=$$(( $$(date +%s) - start )); \
+	printf '>> reproduce [%s]: %s after %dh%02dm%02ds (%d s)\n' "$(PROFILE)" \
+	  "$$([ $$rc -eq 0 ] && echo done || echo FAILED)" $$((secs/3600)) $$((secs%3600/60)) $$((secs%60)) $$secs; \
+	exit $$rc
+
+tables: setup
+	$(VPY) -m nodelm_lib tables
+
+lab: setup
+	@$(VPY) -c 'import jupyterlab' >/dev/null 2>&1 || $(VPIP) install -e ".[lab]"
+	$(KERNEL_ENV) $(VENV)/bin/jupyter lab
+
+# ---------------------------------------------------------------- cleaning
+
+# Committed outputs (results/*.csv|md|tex, results/runs/, figures/) are never touched.
+clean:
+	rm -rf results/executed .cache checkpoints .pytest_cache
+	find . \( -path ./.git -o -path "./$(VENV:./%=%)" -o -path ./.venv \) -prune \
+	  -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf "$(VENV)"
