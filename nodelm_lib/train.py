@@ -157,7 +157,7 @@ def evaluate(model: CausalLM, batches, device: torch.device, autocast) -> float:
     losses = []
     for x, y in batches:
         with autocast():
-            _, loss = model(x.to(device), y.to(device))
+            _, loss = model(x.to(device), y.to(device), return_logits=False)
         losses.append(float(loss))
     model.train(was_training)
     return float(np.mean(losses))
@@ -344,7 +344,7 @@ def _train_step(model, optimizer, tc, step, train_tokens, batch_gen, device, gro
         group["lr"] = lr
     x, y = sample_batch(train_tokens, tc.batch_size, tc.seq_len, batch_gen, device=device)
     with autocast():
-        _, loss = model(x, y)
+        _, loss = model(x, y, return_logits=False)
     loss_value = float(loss.detach())
     if not math.isfinite(loss_value):
         raise NonFiniteError(f"non-finite loss ({loss_value}) at step {step + 1}", record)

@@ -123,3 +123,32 @@ def test_unknown_arch_lists_the_valid_ones():
         nl.ModelConfig(arch="transformer")
     with pytest.raises(ValueError, match="vocab_size is None"):
         nl.build_model(nl.ModelConfig(arch="gpt"))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, None])
+def test_chunked_linear_cross_entropy_matches_the_full_logits(chunk):
+    from nodelm_lib.nn import linear_cross_entropy
+
+    torch.manual_seed(0)
+    h = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 40, (50,))
+    ref = torch.nn.functional.cross_entropy(h @ w.t(), y)
+    ref_gh, ref_gw = torch.autograd.grad(3.0 * ref, (h, w))
+    loss = linear_cross_entropy(h, w, y, chunk)
+    gh, gw = torch.autograd.grad(3.0 * loss, (h, w))  # the upstream gradient (3) is applied
+    assert abs(loss.item() - ref.item()) < 1e-6
+    torch.testing.assert_close(gh, ref_gh)
+    torch.testing.assert_close(gw, ref_gw)
+    with torch.no_grad():
+        assert abs(linear_cross_entropy(h, w, y, chunk).item() - ref.item()) < 1e-6
+
+
+def test_model_loss_without_logits_equals_the_full_path(model):
+    idx, tgt = torch.randint(0, 64, (2, 12)), torch.randint(0, 64, (2, 12))
+    logits, full = model(idx, tgt)
+    none, chunked = model(idx, tgt, return_logits=False)
+    assert none is None and abs(full.item() - chunked.item()) < 1e-5
+    g_full = torch.autograd.grad(full, model.wte.weight)[0]
+    g_chunked = torch.autograd.grad(chunked, model.wte.weight)[0]
+    torch.testing.assert_close(g_chunked, g_full, rtol=1e-4, atol=1e-6)

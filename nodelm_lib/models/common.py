@@ -14,10 +14,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..nn import linear_cross_entropy
 
 
 class CausalLM(nn.Module):
-    """Base class: ``logits, loss = model(idx, targets)``; ``loss`` is None without targets."""
+    """Base class: ``logits, loss = model(idx, targets)``; ``loss`` is None without targets.
+
+    ``model(idx, targets, return_logits=False)`` returns ``(None, loss)`` and computes the loss
+    in chunks without materialising the (B, T, V) logits (what training and evaluation use).
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -34,7 +39,7 @@ class CausalLM(nn.Module):
     def body(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, **kwargs):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True, **kwargs):
         B, T = idx.shape
         if T > self.cfg.max_seq_len:
             raise ValueError(
@@ -43,7 +48,10 @@ class CausalLM(nn.Module):
             )
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
-        logits = self.lm_head(self.ln_f(self.body(x, **kwargs)))
+        h = self.ln_f(self.body(x, **kwargs))
+        if targets is not None and not return_logits:
+            return None, linear_cross_entropy(h.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1))
+        logits = self.lm_head(h)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
