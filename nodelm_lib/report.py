@@ -20,6 +20,8 @@ MARKER = re.compile(r"(<!-- table: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- /tab
 
 
 def format_value(value) -> str:
+    if isinstance(value, float) and value != value:  # NaN: not applicable to this row
+        return "–"
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
     if isinstance(value, int):
