@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bar everywhere: tqdm.auto warns without ipywidgets
 
 from . import __version__
 from .config import TrainConfig, from_dict, to_dict
