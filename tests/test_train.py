@@ -154,3 +154,10 @@ def test_cli_train_writes_a_record(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "nodelm_lib", "train", "--set", "model.arch=rnn"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "model.arch='rnn' is not valid; choose one of 'gpt', 'hybrid'" in bad.stderr
+
+
+def test_bfloat16_autocast_run_is_finite_and_close_to_float32():
+    fp32 = nl.train(tiny_run(max_steps=3, eval_interval=3))
+    bf16 = nl.train(tiny_run(max_steps=3, eval_interval=3, dtype="bfloat16"))
+    assert bf16.status == "completed" and math.isfinite(bf16.final["val_loss"])
+    assert abs(bf16.metrics[0]["loss"] - fp32.metrics[0]["loss"]) < 0.05  # same init, same batch

@@ -4,8 +4,13 @@ Fixed-step methods (euler, midpoint, heun, rk4, rk38) take one Runge-Kutta step 
 interval of ``t``, so ``t = torch.linspace(0, 1, n + 1)`` is n steps, as in torchdiffeq.
 The loop is plain Python over tensors: no grid construction, no host synchronisation, so it
 compiles to one graph under ``torch.compile``. Adaptive methods are handed to torchdiffeq
-for now. The gradient method is a separate argument (``sensitivity``); ``"direct"``
-backpropagates through the solver's operations.
+for now. The gradient method is a separate argument (``sensitivity``):
+
+- ``"direct"`` backpropagates through the solver's operations (memory grows with the
+  number of steps times the number of stages);
+- ``"checkpoint"`` keeps only the state at each step and recomputes that step's stages
+  during backward (memory grows with the number of steps only; the gradients are the same
+  numbers as ``direct``, one extra forward pass of compute). Fixed-step methods only.
 """
 
 from __future__ import annotations
@@ -13,13 +18,14 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from .tableaus import TABLEAUS, ButcherTableau
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 ADAPTIVE_METHODS = ("dopri5", "bosh3", "adaptive_heun", "dopri8", "fehlberg2")
-SENSITIVITIES = ("direct",)
+SENSITIVITIES = ("direct", "checkpoint")
 
 
 def rk_step(field: Field, tableau: ButcherTableau, t0: torch.Tensor, dt: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -60,18 +66,28 @@ def odeint(
         raise ValueError(f"sensitivity={sensitivity!r} is not valid; choose one of {', '.join(map(repr, SENSITIVITIES))}")
     t = t.to(device=x0.device, dtype=x0.dtype if x0.is_floating_point() else torch.float32)
     if method in TABLEAUS:
-        return _odeint_fixed(field, x0, t, TABLEAUS[method])
+        return _odeint_fixed(field, x0, t, TABLEAUS[method], recompute=sensitivity == "checkpoint")
     if method in ADAPTIVE_METHODS:
+        if sensitivity != "direct":
+            raise ValueError(f"sensitivity={sensitivity!r} needs a fixed-step method ({', '.join(TABLEAUS)}), "
+                             f"not method={method!r}")
         return _odeint_torchdiffeq(field, x0, t, method, rtol, atol, max_num_steps)
     valid = tuple(TABLEAUS) + ADAPTIVE_METHODS
     raise ValueError(f"method={method!r} is not valid; choose one of {', '.join(map(repr, valid))}")
 
 
-def _odeint_fixed(field: Field, x0: torch.Tensor, t: torch.Tensor, tableau: ButcherTableau) -> torch.Tensor:
+def _odeint_fixed(field: Field, x0: torch.Tensor, t: torch.Tensor, tableau: ButcherTableau,
+                  recompute: bool = False) -> torch.Tensor:
+    recompute = recompute and torch.is_grad_enabled()
     states = [x0]
     x = x0
     for i in range(t.numel() - 1):
-        x = rk_step(field, tableau, t[i], t[i + 1] - t[i], x)
+        if recompute:
+            # non-reentrant checkpointing also differentiates tensors the field captures in a
+            # closure (e.g. the hybrid's control vector), and replays dropout's random masks
+            x = checkpoint(rk_step, field, tableau, t[i], t[i + 1] - t[i], x, use_reentrant=False)
+        else:
+            x = rk_step(field, tableau, t[i], t[i + 1] - t[i], x)
         states.append(x)
     return torch.stack(states)
 
