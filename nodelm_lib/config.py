@@ -20,11 +20,10 @@ from typing import Any, Union
 import yaml
 
 from .data import CORPORA, TOKENIZERS
-from .ode.solve import ADAPTIVE_METHODS, SENSITIVITIES
-from .ode.tableaus import TABLEAUS
+from .ode.solve import ADAPTIVE_METHODS, FIXED_STEP_METHODS, SENSITIVITIES
 
 ARCHS = ("gpt", "hybrid")
-METHODS = tuple(TABLEAUS) + ADAPTIVE_METHODS
+METHODS = FIXED_STEP_METHODS + ADAPTIVE_METHODS
 DTYPES = ("float32", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 

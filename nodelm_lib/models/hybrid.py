@@ -19,7 +19,7 @@ import torch.nn as nn
 from ..config import ModelConfig, ODEConfig
 from ..nn import MLP, Block, CausalSelfAttention, TimeEmbedding
 from ..ode import odeint
-from ..ode.tableaus import TABLEAUS
+from ..ode.solve import FIXED_STEP_METHODS
 from .common import CausalLM
 
 
@@ -56,7 +56,7 @@ class ODEBlock(nn.Module):
         self.ode: ODEConfig = cfg.ode
 
     def time_grid(self, device: torch.device) -> torch.Tensor:
-        n = self.ode.n_steps if self.ode.method in TABLEAUS else 1  # adaptive: only the end points
+        n = self.ode.n_steps if self.ode.method in FIXED_STEP_METHODS else 1  # adaptive: only the end points
         return torch.linspace(0.0, 1.0, n + 1, device=device)
 
     def forward(self, x: torch.Tensor, control: torch.Tensor | None = None) -> torch.Tensor:

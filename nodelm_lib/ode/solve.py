@@ -1,6 +1,6 @@
 """``odeint``: integrate dx/dt = field(t, x) and return the states at the times ``t``.
 
-Fixed-step methods (euler, midpoint, heun, rk4, rk38) take one Runge-Kutta step per
+Fixed-step methods (euler, midpoint, heun, rk4, rk38, and reversible_heun) take one step per
 interval of ``t``, so ``t = torch.linspace(0, 1, n + 1)`` is n steps, as in torchdiffeq.
 The loop is plain Python over tensors: no grid construction, no host synchronisation, so it
 compiles to one graph under ``torch.compile``. Adaptive methods are handed to torchdiffeq
@@ -20,10 +20,12 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .reversible import reversible_heun_step
 from .tableaus import TABLEAUS, ButcherTableau
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
+FIXED_STEP_METHODS = tuple(TABLEAUS) + ("reversible_heun",)
 ADAPTIVE_METHODS = ("dopri5", "bosh3", "adaptive_heun", "dopri8", "fehlberg2")
 SENSITIVITIES = ("direct", "checkpoint")
 
@@ -65,14 +67,17 @@ def odeint(
     if sensitivity not in SENSITIVITIES:
         raise ValueError(f"sensitivity={sensitivity!r} is not valid; choose one of {', '.join(map(repr, SENSITIVITIES))}")
     t = t.to(device=x0.device, dtype=x0.dtype if x0.is_floating_point() else torch.float32)
+    recompute = sensitivity == "checkpoint"
     if method in TABLEAUS:
-        return _odeint_fixed(field, x0, t, TABLEAUS[method], recompute=sensitivity == "checkpoint")
+        return _odeint_fixed(field, x0, t, TABLEAUS[method], recompute)
+    if method == "reversible_heun":
+        return _odeint_reversible_heun(field, x0, t, recompute)
     if method in ADAPTIVE_METHODS:
         if sensitivity != "direct":
-            raise ValueError(f"sensitivity={sensitivity!r} needs a fixed-step method ({', '.join(TABLEAUS)}), "
+            raise ValueError(f"sensitivity={sensitivity!r} needs a fixed-step method ({', '.join(FIXED_STEP_METHODS)}), "
                              f"not method={method!r}")
         return _odeint_torchdiffeq(field, x0, t, method, rtol, atol, max_num_steps)
-    valid = tuple(TABLEAUS) + ADAPTIVE_METHODS
+    valid = FIXED_STEP_METHODS + ADAPTIVE_METHODS
     raise ValueError(f"method={method!r} is not valid; choose one of {', '.join(map(repr, valid))}")
 
 
@@ -89,6 +94,19 @@ def _odeint_fixed(field: Field, x0: torch.Tensor, t: torch.Tensor, tableau: Butc
         else:
             x = rk_step(field, tableau, t[i], t[i + 1] - t[i], x)
         states.append(x)
+    return torch.stack(states)
+
+
+def _odeint_reversible_heun(field: Field, x0: torch.Tensor, t: torch.Tensor, recompute: bool = False) -> torch.Tensor:
+    recompute = recompute and torch.is_grad_enabled()
+    y, z, f = x0, x0, field(t[0], x0)
+    states = [y]
+    for i in range(t.numel() - 1):
+        if recompute:
+            y, z, f = checkpoint(reversible_heun_step, field, t[i], t[i + 1], y, z, f, use_reentrant=False)
+        else:
+            y, z, f = reversible_heun_step(field, t[i], t[i + 1], y, z, f)
+        states.append(y)
     return torch.stack(states)
 
 
