@@ -167,3 +167,21 @@ def test_hybrid_checkpoint_sensitivity_gives_the_direct_gradients_even_with_drop
         grads[sens] = torch.autograd.grad(loss, list(m.parameters()))
     for (name, _), a, b in zip(m.named_parameters(), grads["direct"], grads["checkpoint"]):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_hybrid_reversible_sensitivity_matches_direct():
+    torch.manual_seed(0)
+    m = nl.build_model(tiny("hybrid")).train()
+    idx, tgt = torch.randint(0, 64, (2, 10)), torch.randint(0, 64, (2, 10))
+    u = torch.randn(2, 4, requires_grad=True)
+    grads = {}
+    for sens in ("direct", "reversible"):
+        m.ode_block.ode = nl.ODEConfig(method="reversible_heun", n_steps=6, sensitivity=sens)
+        _, loss = m(idx, tgt, control=u)
+        grads[sens] = torch.autograd.grad(loss, [u, *m.parameters()])
+    names = ["control"] + [n for n, _ in m.named_parameters()]
+    for name, a, b in zip(names, grads["direct"], grads["reversible"]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, msg=name)
+    m_drop = nl.build_model(tiny("hybrid", dropout=0.1, ode=nl.ODEConfig(method="reversible_heun", sensitivity="reversible")))
+    with pytest.raises(ValueError, match="needs a deterministic field"):
+        m_drop.train()(idx, tgt)

@@ -54,6 +54,7 @@ class ODEBlock(nn.Module):
         super().__init__()
         self.field = HybridField(cfg)
         self.ode: ODEConfig = cfg.ode
+        self.dropout = cfg.dropout
 
     def time_grid(self, device: torch.device) -> torch.Tensor:
         n = self.ode.n_steps if self.ode.method in FIXED_STEP_METHODS else 1  # adaptive: only the end points
@@ -62,6 +63,11 @@ class ODEBlock(nn.Module):
     def forward(self, x: torch.Tensor, control: torch.Tensor | None = None) -> torch.Tensor:
         control = self._check_control(control, x)
         ode = self.ode
+        if ode.sensitivity == "reversible" and self.training and self.dropout > 0:
+            # backward re-evaluates the field to invert each step: new dropout masks would
+            # make the reconstruction (and so the gradients) wrong
+            raise ValueError("sensitivity='reversible' needs a deterministic field: set dropout=0 "
+                             "or use sensitivity='checkpoint'")
         states = odeint(
             lambda t, h: self.field(t, h, control),
             x,
@@ -71,6 +77,7 @@ class ODEBlock(nn.Module):
             rtol=ode.rtol,
             atol=ode.atol,
             max_num_steps=ode.max_num_steps,
+            params=(*self.field.parameters(), *(() if control is None else (control,))),
         )
         return states[-1]
 

@@ -11,6 +11,10 @@ for now. The gradient method is a separate argument (``sensitivity``):
 - ``"checkpoint"`` keeps only the state at each step and recomputes that step's stages
   during backward (memory grows with the number of steps only; the gradients are the same
   numbers as ``direct``, one extra forward pass of compute). Fixed-step methods only.
+- ``"reversible"`` (``method="reversible_heun"`` only) stores no trajectory: backward
+  reconstructs each step by inverting it algebraically. Exact discrete gradients in memory
+  that does not grow with the number of steps. The tensors needing gradients are passed as
+  ``params`` (default: the parameters of ``field`` if it is an ``nn.Module``).
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .reversible import reversible_heun_step
+from .reversible import odeint_reversible, reversible_heun_step
 from .tableaus import TABLEAUS, ButcherTableau
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 FIXED_STEP_METHODS = tuple(TABLEAUS) + ("reversible_heun",)
 ADAPTIVE_METHODS = ("dopri5", "bosh3", "adaptive_heun", "dopri8", "fehlberg2")
-SENSITIVITIES = ("direct", "checkpoint")
+SENSITIVITIES = ("direct", "checkpoint", "reversible")
 
 
 def rk_step(field: Field, tableau: ButcherTableau, t0: torch.Tensor, dt: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -57,16 +61,24 @@ def odeint(
     rtol: float = 1e-3,
     atol: float = 1e-4,
     max_num_steps: int = 1000,
+    params=None,
 ) -> torch.Tensor:
     """Solve the initial value problem x(t[0]) = x0, dx/dt = field(t, x).
 
     Returns a tensor of shape ``(len(t), *x0.shape)`` holding x at each time in ``t``.
-    ``rtol``, ``atol`` and ``max_num_steps`` apply to adaptive methods only.
+    ``rtol``, ``atol`` and ``max_num_steps`` apply to adaptive methods only. ``params`` is
+    used by ``sensitivity="reversible"`` (see the module docstring).
     """
     _check_times(t)
     if sensitivity not in SENSITIVITIES:
         raise ValueError(f"sensitivity={sensitivity!r} is not valid; choose one of {', '.join(map(repr, SENSITIVITIES))}")
     t = t.to(device=x0.device, dtype=x0.dtype if x0.is_floating_point() else torch.float32)
+    if sensitivity == "reversible":
+        if method != "reversible_heun":
+            raise ValueError(f"sensitivity='reversible' needs method='reversible_heun', not method={method!r}")
+        if params is None:
+            params = field.parameters() if isinstance(field, torch.nn.Module) else ()
+        return odeint_reversible(field, x0, t, params)
     recompute = sensitivity == "checkpoint"
     if method in TABLEAUS:
         return _odeint_fixed(field, x0, t, TABLEAUS[method], recompute)
