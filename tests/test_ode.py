@@ -189,3 +189,21 @@ def test_reversible_with_another_method_is_a_clear_error():
     field, x0, _ = linear_problem()
     with pytest.raises(ValueError, match="sensitivity='reversible' needs method='reversible_heun', not method='rk4'"):
         nl.odeint(field, x0, torch.linspace(0, 1, 3, dtype=torch.float64), method="rk4", sensitivity="reversible")
+
+
+def test_reversible_memory_does_not_grow_with_the_number_of_steps():
+    """Bytes autograd keeps for backward: flat for reversible, growing for direct."""
+    from nodelm_lib.profiling import saved_tensor_bytes
+
+    field = TanhField()
+    u = torch.zeros(3, dtype=torch.float64)
+    x0 = torch.randn(64, 3, dtype=torch.float64, requires_grad=True)
+
+    def kept(n, sens):
+        t = torch.linspace(0, 1, n + 1, dtype=torch.float64)
+        return saved_tensor_bytes(lambda: nl.odeint(lambda s, z: field(s, z, u), x0, t, method="reversible_heun",
+                                             sensitivity=sens, params=tuple(field.parameters())))[0]
+
+    # only the time grid itself (28 more float64 values) grows
+    assert kept(32, "reversible") - kept(4, "reversible") == (32 - 4) * 8
+    assert kept(32, "direct") > 4 * kept(4, "direct")
