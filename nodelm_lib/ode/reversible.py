@@ -38,6 +38,19 @@ def reversible_heun_unstep(field, t0: torch.Tensor, t1: torch.Tensor, y1, z1, f1
     return y1 - 0.5 * h * (f + f1), z, f
 
 
+def reversible_heun_solve(field, x0: torch.Tensor, t: torch.Tensor, step=reversible_heun_step):
+    """Integrate over the grid ``t``; returns (y at every time in ``t``, the final (y, z, f)).
+
+    ``step`` defaults to ``reversible_heun_step``; callers may wrap it (e.g. in a checkpoint).
+    """
+    y, z, f = x0, x0, field(t[0], x0)
+    states = [y]
+    for i in range(t.numel() - 1):
+        y, z, f = step(field, t[i], t[i + 1], y, z, f)
+        states.append(y)
+    return states, (y, z, f)
+
+
 class _ReversibleHeunSolve(torch.autograd.Function):
     """Reversible Heun over the grid ``t`` with exact discrete gradients in O(1) memory.
 
@@ -50,11 +63,7 @@ class _ReversibleHeunSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, field, t, x0, *params):
         with torch.no_grad():
-            y, z, f = x0, x0, field(t[0], x0)
-            states = [y]
-            for i in range(t.numel() - 1):
-                y, z, f = reversible_heun_step(field, t[i], t[i + 1], y, z, f)
-                states.append(y)
+            states, (y, z, f) = reversible_heun_solve(field, x0, t)
         ctx.field, ctx.n_params = field, len(params)
         ctx.save_for_backward(t, y, z, f, *params)
         return torch.stack(states)

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .reversible import odeint_reversible, reversible_heun_step
+from .reversible import odeint_reversible, reversible_heun_solve, reversible_heun_step
 from .tableaus import TABLEAUS, ButcherTableau
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -93,33 +93,29 @@ def odeint(
     raise ValueError(f"method={method!r} is not valid; choose one of {', '.join(map(repr, valid))}")
 
 
+def _recomputed(step: Callable) -> Callable:
+    """``step`` wrapped so that backward recomputes it instead of storing its internals.
+
+    Non-reentrant checkpointing also differentiates tensors the field captures in a closure
+    (e.g. the hybrid's control vector), and replays dropout's random masks.
+    """
+    return lambda *args: checkpoint(step, *args, use_reentrant=False)
+
+
 def _odeint_fixed(field: Field, x0: torch.Tensor, t: torch.Tensor, tableau: ButcherTableau,
                   recompute: bool = False) -> torch.Tensor:
-    recompute = recompute and torch.is_grad_enabled()
+    step = _recomputed(rk_step) if recompute and torch.is_grad_enabled() else rk_step
     states = [x0]
     x = x0
     for i in range(t.numel() - 1):
-        if recompute:
-            # non-reentrant checkpointing also differentiates tensors the field captures in a
-            # closure (e.g. the hybrid's control vector), and replays dropout's random masks
-            x = checkpoint(rk_step, field, tableau, t[i], t[i + 1] - t[i], x, use_reentrant=False)
-        else:
-            x = rk_step(field, tableau, t[i], t[i + 1] - t[i], x)
+        x = step(field, tableau, t[i], t[i + 1] - t[i], x)
         states.append(x)
     return torch.stack(states)
 
 
 def _odeint_reversible_heun(field: Field, x0: torch.Tensor, t: torch.Tensor, recompute: bool = False) -> torch.Tensor:
-    recompute = recompute and torch.is_grad_enabled()
-    y, z, f = x0, x0, field(t[0], x0)
-    states = [y]
-    for i in range(t.numel() - 1):
-        if recompute:
-            y, z, f = checkpoint(reversible_heun_step, field, t[i], t[i + 1], y, z, f, use_reentrant=False)
-        else:
-            y, z, f = reversible_heun_step(field, t[i], t[i + 1], y, z, f)
-        states.append(y)
-    return torch.stack(states)
+    step = _recomputed(reversible_heun_step) if recompute and torch.is_grad_enabled() else reversible_heun_step
+    return torch.stack(reversible_heun_solve(field, x0, t, step)[0])
 
 
 def _odeint_torchdiffeq(field, x0, t, method, rtol, atol, max_num_steps):
