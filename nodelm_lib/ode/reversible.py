@@ -13,12 +13,14 @@ reversible: from (y_{n+1}, z_{n+1}, f_{n+1}) the previous state is recovered exa
     z_n = 2 y_{n+1} - z_{n+1} - h f_{n+1},   f_n = f(t, z_n),   y_n = y_{n+1} - h/2 (f_n + f_{n+1}),
 
 which is what lets a backward pass rebuild the trajectory instead of storing it (the
-``reversible`` sensitivity, to come).
+``reversible`` sensitivity).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .grid import refine
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (y, z, f(t, z))
 
@@ -61,17 +63,23 @@ class _ReversibleHeunSolve(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, field, t, x0, *params):
+    def forward(ctx, field, t, every, stats, x0, *params):
         with torch.no_grad():
             states, (y, z, f) = reversible_heun_solve(field, x0, t)
-        ctx.field, ctx.n_params = field, len(params)
+        ctx.field, ctx.every, ctx.stats = field, every, stats
         ctx.save_for_backward(t, y, z, f, *params)
-        return torch.stack(states)
+        return torch.stack(states[::every])
 
     @staticmethod
     def backward(ctx, grad_states):
         t, y, z, f, *params = ctx.saved_tensors
-        field = ctx.field
+        field, every = ctx.field, ctx.every
+        if ctx.stats is not None:  # one unstep and one recomputed step per step, plus f(t0, x0)
+            ctx.stats.nfe_backward += 2 * (t.numel() - 1) + 1
+
+        def grad_at(i: int) -> torch.Tensor | float:  # the loss's gradient w.r.t. y at fine-grid point i
+            return grad_states[i // every] if i % every == 0 else 0.0
+
         grad_params = [torch.zeros_like(p) for p in params]
         a_y, a_z, a_f = grad_states[-1].clone(), torch.zeros_like(z), torch.zeros_like(f)
         for i in reversed(range(t.numel() - 1)):
@@ -81,7 +89,7 @@ class _ReversibleHeunSolve(torch.autograd.Function):
                 inputs = [y.detach().requires_grad_(), z.detach().requires_grad_(), f.detach().requires_grad_()]
                 outputs = reversible_heun_step(field, t[i], t[i + 1], *inputs)
                 grads = torch.autograd.grad(outputs, inputs + list(params), (a_y, a_z, a_f), allow_unused=True)
-            a_y, a_z, a_f = grads[0] + grad_states[i], grads[1], grads[2]
+            a_y, a_z, a_f = grads[0] + grad_at(i), grads[1], grads[2]
             grad_params = [acc if g is None else acc + g for acc, g in zip(grad_params, grads[3:])]
         # the initial triple is (x0, x0, field(t0, x0))
         with torch.enable_grad():
@@ -90,14 +98,22 @@ class _ReversibleHeunSolve(torch.autograd.Function):
             grads = torch.autograd.grad(f0, [x] + list(params), a_f, allow_unused=True)
         grad_x0 = a_y + a_z + grads[0]
         grad_params = [acc if g is None else acc + g for acc, g in zip(grad_params, grads[1:])]
-        return (None, None, grad_x0, *grad_params)
+        return (None, None, None, None, grad_x0, *grad_params)
 
 
-def odeint_reversible(field, x0: torch.Tensor, t: torch.Tensor, params) -> torch.Tensor:
+def odeint_reversible(field, x0: torch.Tensor, t: torch.Tensor, params, steps_per_interval: int = 1,
+                      stats=None) -> torch.Tensor:
     """Reversible Heun solve whose backward pass rebuilds the trajectory (see above).
+
+    Takes ``steps_per_interval`` steps per interval of ``t`` and returns x at ``t`` only, so
+    neither the states kept nor the output grow with the number of steps.
 
     ``params`` are the tensors the field depends on that need gradients (its parameters,
     and any conditioning it captures in a closure); gradients reach no other tensor.
     """
     params = tuple(p for p in params if p.requires_grad)
-    return _ReversibleHeunSolve.apply(field, t, x0, *params)
+    n_steps = (t.numel() - 1) * steps_per_interval
+    if stats is not None:
+        stats.nfe += n_steps + 1
+        stats.n_accepted += n_steps
+    return _ReversibleHeunSolve.apply(field, refine(t, steps_per_interval), steps_per_interval, stats, x0, *params)
