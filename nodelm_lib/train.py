@@ -357,7 +357,8 @@ def _train_step(model, optimizer, tc, step, train_tokens, batch_gen, device, gro
     if tc.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
     optimizer.step()
-    return {"step": step + 1, "loss": loss_value, "lr": lr, **norms}
+    solver_counts = {f"ode/{key}": value for key, value in model.ode_stats().items()}
+    return {"step": step + 1, "loss": loss_value, "lr": lr, **norms, **solver_counts}
 
 
 def _finish(record: RunRecord, tc: TrainConfig, device, t_start: float, train_time: float, start: int, out_dir) -> None:

@@ -185,3 +185,45 @@ def test_hybrid_reversible_sensitivity_matches_direct():
     m_drop = nl.build_model(tiny("hybrid", dropout=0.1, ode=nl.ODEConfig(method="reversible_heun", sensitivity="reversible")))
     with pytest.raises(ValueError, match="needs a deterministic field"):
         m_drop.train()(idx, tgt)
+
+
+@pytest.mark.parametrize("sensitivity", ["backsolve", "interpolating", "quadrature"])
+def test_hybrid_continuous_adjoints_match_direct(sensitivity):
+    """Every parameter and the control vector, through the whole model (float32, 16 rk4 steps)."""
+    torch.manual_seed(0)
+    m = nl.build_model(tiny("hybrid", ode_scale_init=1.0)).train()
+    idx, tgt = torch.randint(0, 64, (2, 10)), torch.randint(0, 64, (2, 10))
+    u = torch.randn(2, 4, requires_grad=True)
+    grads = {}
+    for sens in ("direct", sensitivity):
+        m.set_ode(method="rk4", n_steps=16, sensitivity=sens)
+        _, loss = m(idx, tgt, control=u)
+        grads[sens] = torch.autograd.grad(loss, [u, *m.parameters()])
+    assert m.ode_stats()["nfe_backward"] > 0
+    names = ["control"] + [n for n, _ in m.named_parameters()]
+    for name, a, b in zip(names, grads["direct"], grads[sensitivity]):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-6, msg=name)
+    m_drop = nl.build_model(tiny("hybrid", dropout=0.1, ode=nl.ODEConfig(sensitivity=sensitivity)))
+    with pytest.raises(ValueError, match="needs a deterministic field"):
+        m_drop.train()(idx, tgt)
+
+
+def test_set_ode_evaluates_at_other_steps_and_solvers_and_reports_the_cost():
+    torch.manual_seed(0)
+    m = nl.build_model(tiny("hybrid", ode=nl.ODEConfig(method="euler", n_steps=4))).eval()
+    idx = torch.randint(0, 64, (1, 12))
+    m(idx)
+    assert m.ode_stats() == {"nfe": 4, "n_accepted": 4, "n_rejected": 0, "nfe_backward": 0}
+    m.set_ode(method="rk4", n_steps=32)
+    fine, _ = m(idx)
+    assert m.ode_stats()["nfe"] == 128
+    m.set_ode(method="dopri5", rtol=1e-7, atol=1e-8)
+    adaptive, _ = m(idx)
+    stats = m.ode_stats()
+    assert stats["n_accepted"] >= 1 and stats["nfe"] >= 6 * stats["n_accepted"]
+    torch.testing.assert_close(adaptive, fine, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="ode.method"):
+        m.set_ode(method="rk5")
+    with pytest.raises(ValueError, match="no ODE block"):
+        nl.build_model(tiny("gpt")).set_ode(n_steps=2)
+    assert nl.build_model(tiny("gpt")).ode_stats() == {}

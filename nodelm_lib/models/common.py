@@ -7,14 +7,16 @@ embedded sequence (B, T, D) to the final hidden states (B, T, D). Everything els
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import ModelConfig
+from ..config import ModelConfig, ODEConfig
 from ..nn import linear_cross_entropy
+from ..ode.stats import SolveStats
 
 
 class CausalLM(nn.Module):
@@ -56,6 +58,30 @@ class CausalLM(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss
+
+    def set_ode(self, ode: ODEConfig | None = None, **changes) -> None:
+        """Solve every ODE block with another configuration from now on.
+
+        ``model.set_ode(n_steps=32)`` or ``model.set_ode(method="dopri5", rtol=1e-6)`` evaluates
+        a trained model at other steps or with another solver; ``model.set_ode(cfg.ode)`` goes
+        back. Changes are validated like the config itself.
+        """
+        blocks = [m for m in self.modules() if isinstance(getattr(m, "ode", None), ODEConfig)]
+        if not blocks:
+            raise ValueError(f"{type(self).__name__} has no ODE block to reconfigure")
+        for block in blocks:
+            block.ode = dataclasses.replace(ode or block.ode, **changes)
+
+    def ode_stats(self) -> dict[str, int]:
+        """Solver counters of the last forward (and backward) pass, summed over the ODE blocks.
+
+        Keys as in ``SolveStats`` (nfe, n_accepted, n_rejected, nfe_backward); ``{}`` for a
+        model without ODE blocks. Training logs them per step as ``ode/<key>``.
+        """
+        found = [m.stats for m in self.modules() if isinstance(getattr(m, "stats", None), SolveStats)]
+        if not found:
+            return {}
+        return {key: sum(s.as_dict()[key] for s in found) for key in found[0].as_dict()}
 
     # ------------------------------------------------------------------ initialisation
 

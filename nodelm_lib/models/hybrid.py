@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..config import ModelConfig, ODEConfig
 from ..nn import MLP, Block, CausalSelfAttention, TimeEmbedding
-from ..ode import odeint
+from ..ode import SolveStats, odeint
 from ..ode.solve import FIXED_STEP_METHODS
 from .common import CausalLM
 
@@ -44,10 +44,16 @@ class HybridField(nn.Module):
         return self.scale * (self.attn(self.ln_1(h)) + self.mlp(self.ln_2(h)))
 
 
+# gradient methods whose backward evaluates the field again, outside the forward's graph
+REEVALUATING_SENSITIVITIES = ("backsolve", "interpolating", "quadrature", "reversible")
+
+
 class ODEBlock(nn.Module):
     """Integrates the field from t = 0 to t = 1 and returns x(1).
 
-    ``self.ode`` may be replaced after training to evaluate at other ``n_steps`` or methods.
+    Fixed-step methods take ``ode.n_steps`` steps; adaptive ones choose their own. ``self.ode``
+    may be replaced after training to evaluate at other ``n_steps`` or methods;
+    ``self.stats`` holds the counters of the last solve (reset at every forward).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -55,29 +61,29 @@ class ODEBlock(nn.Module):
         self.field = HybridField(cfg)
         self.ode: ODEConfig = cfg.ode
         self.dropout = cfg.dropout
-
-    def time_grid(self, device: torch.device) -> torch.Tensor:
-        n = self.ode.n_steps if self.ode.method in FIXED_STEP_METHODS else 1  # adaptive: only the end points
-        return torch.linspace(0.0, 1.0, n + 1, device=device)
+        self.stats = SolveStats()
 
     def forward(self, x: torch.Tensor, control: torch.Tensor | None = None) -> torch.Tensor:
         control = self._check_control(control, x)
         ode = self.ode
-        if ode.sensitivity == "reversible" and self.training and self.dropout > 0:
-            # backward re-evaluates the field to invert each step: new dropout masks would
-            # make the reconstruction (and so the gradients) wrong
-            raise ValueError("sensitivity='reversible' needs a deterministic field: set dropout=0 "
-                             "or use sensitivity='checkpoint'")
+        if ode.sensitivity in REEVALUATING_SENSITIVITIES and self.training and self.dropout > 0:
+            # backward evaluates the field again: new dropout masks would make the
+            # reconstructed trajectory (and so the gradients) wrong
+            raise ValueError(f"sensitivity={ode.sensitivity!r} needs a deterministic field: set dropout=0 "
+                             "or use sensitivity='checkpoint' or 'direct'")
+        self.stats.reset()
         states = odeint(
             lambda t, h: self.field(t, h, control),
             x,
-            self.time_grid(x.device),
+            torch.tensor([0.0, 1.0], device=x.device),
             method=ode.method,
             sensitivity=ode.sensitivity,
             rtol=ode.rtol,
             atol=ode.atol,
             max_num_steps=ode.max_num_steps,
             params=(*self.field.parameters(), *(() if control is None else (control,))),
+            steps_per_interval=ode.n_steps if ode.method in FIXED_STEP_METHODS else 1,
+            stats=self.stats,
         )
         return states[-1]
 
