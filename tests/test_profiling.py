@@ -1,0 +1,55 @@
+"""Memory measurements: they must see live tensors and nothing else."""
+
+import math
+
+import pytest
+import torch
+
+from nodelm_lib.profiling import peak_memory_mb, saved_tensor_bytes
+
+
+def hold_all(n):
+    tensors = [torch.ones(1024, 1024) for _ in range(n)]  # 4 MiB each, all alive at once
+    return sum(t[0, 0].item() for t in tensors)
+
+
+def one_at_a_time(n):
+    return sum(torch.ones(1024, 1024)[0, 0].item() for _ in range(n))
+
+
+def test_peak_memory_sees_live_tensors_and_not_freed_ones():
+    peak, out = peak_memory_mb(lambda: hold_all(10))
+    if math.isnan(peak):
+        pytest.skip("no exact CPU peak memory on this platform")
+    assert out == 10
+    assert 39 <= peak < 48, peak
+    again, _ = peak_memory_mb(lambda: hold_all(10))  # memory freed by the first call is not reused silently
+    assert 39 <= again < 48, again
+    assert peak_memory_mb(lambda: one_at_a_time(10))[0] < 12
+
+
+def test_peak_memory_is_not_fooled_by_memory_the_allocator_kept():
+    """Tensors freed while glibc served them from its heap leave resident free memory behind;
+    a later call reusing it must still count it."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        pytest.skip("not glibc")
+    libc.mallopt(-3, 256 * 2**20)  # as after a long run: large blocks come from the heap
+    big = [torch.ones(1024, 1024) for _ in range(30)]
+    pin = torch.ones(16)  # allocated above them: the heap cannot shrink past it
+    del big  # 120 MiB of free but resident heap below `pin`
+    peak, _ = peak_memory_mb(lambda: hold_all(10))
+    del pin
+    if math.isnan(peak):
+        pytest.skip("no exact CPU peak memory on this platform")
+    assert 39 <= peak < 48, peak
+
+
+def test_saved_tensor_bytes_counts_what_backward_keeps():
+    x = torch.randn(100, requires_grad=True)
+    nbytes, y = saved_tensor_bytes(lambda: (x * x).sum())
+    assert nbytes == 2 * 100 * 4  # mul saves both operands
+    assert y.requires_grad
