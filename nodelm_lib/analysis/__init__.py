@@ -1,1 +1,1 @@
-"""Analyses of trained models and their runs (gradient flow; spectra and Lyapunov exponents to come)."""
+"""Analyses: gradient flow of trained models, solver and gradient-method studies (spectra and Lyapunov exponents to come)."""
