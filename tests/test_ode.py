@@ -365,3 +365,28 @@ def test_adjoints_with_an_adaptive_solver(sensitivity):
     rtol = 1e-6 if sensitivity == "backsolve" else 1e-4
     for g, g_direct in zip(grads[sensitivity], grads["direct"]):
         torch.testing.assert_close(g, g_direct, rtol=rtol, atol=1e-8)
+
+
+@pytest.mark.parametrize("sensitivity", ["reversible", "backsolve"])
+def test_peak_memory_of_flat_memory_methods_does_not_grow_with_steps(sensitivity):
+    """Forward + backward at 64 steps peaks within a few states of 4 steps (a state is 256 KiB)."""
+    from nodelm_lib.profiling import peak_memory_mb
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 256).double()
+    x0 = torch.randn(128, 256, dtype=torch.float64, requires_grad=True)
+    method = "reversible_heun" if sensitivity == "reversible" else "rk4"
+
+    def peak(n):
+        def run():
+            y = nl.odeint(lambda s, x: torch.tanh(lin(x)), x0, torch.tensor([0.0, 1.0], dtype=torch.float64),
+                          method=method, sensitivity=sensitivity, steps_per_interval=n)
+            y[-1].sum().backward()
+        return peak_memory_mb(run)[0]
+
+    peak(4)  # warm-up
+    small, large = peak(4), peak(64)
+    if math.isnan(small):
+        pytest.skip("no exact CPU peak memory on this platform")
+    state_mb = x0.numel() * 8 / 2**20
+    assert large - small < 3 * state_mb, (small, large)

@@ -40,16 +40,18 @@ def reversible_heun_unstep(field, t0: torch.Tensor, t1: torch.Tensor, y1, z1, f1
     return y1 - 0.5 * h * (f + f1), z, f
 
 
-def reversible_heun_solve(field, x0: torch.Tensor, t: torch.Tensor, step=reversible_heun_step):
-    """Integrate over the grid ``t``; returns (y at every time in ``t``, the final (y, z, f)).
+def reversible_heun_solve(field, x0: torch.Tensor, t: torch.Tensor, step=reversible_heun_step, every: int = 1):
+    """Integrate over the grid ``t``; returns (y at every ``every``-th time of ``t``, the final (y, z, f)).
 
     ``step`` defaults to ``reversible_heun_step``; callers may wrap it (e.g. in a checkpoint).
+    Only the states returned are kept, so ``every > 1`` keeps memory from growing with the steps.
     """
     y, z, f = x0, x0, field(t[0], x0)
     states = [y]
     for i in range(t.numel() - 1):
         y, z, f = step(field, t[i], t[i + 1], y, z, f)
-        states.append(y)
+        if (i + 1) % every == 0:
+            states.append(y)
     return states, (y, z, f)
 
 
@@ -65,10 +67,10 @@ class _ReversibleHeunSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, field, t, every, stats, x0, *params):
         with torch.no_grad():
-            states, (y, z, f) = reversible_heun_solve(field, x0, t)
+            states, (y, z, f) = reversible_heun_solve(field, x0, t, every=every)
         ctx.field, ctx.every, ctx.stats = field, every, stats
         ctx.save_for_backward(t, y, z, f, *params)
-        return torch.stack(states[::every])
+        return torch.stack(states)
 
     @staticmethod
     def backward(ctx, grad_states):

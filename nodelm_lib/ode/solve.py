@@ -143,11 +143,13 @@ class Solver:
 
     def _reversible_heun(self, field, x0, t, recompute, trajectory):
         step = _recomputed(reversible_heun_step) if recompute and torch.is_grad_enabled() else reversible_heun_step
-        fine = refine(t, self.steps_per_interval)
+        fine, k = refine(t, self.steps_per_interval), self.steps_per_interval
+        if trajectory is None:
+            return torch.stack(reversible_heun_solve(field, x0, fine, step, every=k)[0])
         ys = reversible_heun_solve(field, x0, fine, step)[0]
-        if trajectory is not None:  # the solver evaluates f at z, not at y: evaluate it at y
-            trajectory.extend((fine[j], y, field(fine[j], y)) for j, y in enumerate(ys))
-        return torch.stack(ys[:: self.steps_per_interval])
+        # the solver evaluates f at z, not at y: evaluate it at y for the trajectory
+        trajectory.extend((fine[j], y, field(fine[j], y)) for j, y in enumerate(ys))
+        return torch.stack(ys[::k])
 
 
 def _recomputed(step: Callable) -> Callable:
