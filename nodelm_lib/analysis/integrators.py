@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullLocator
 import pandas as pd
 import torch
 
@@ -200,8 +201,10 @@ def plot_costs(costs: pd.DataFrame, problem: str = "hybrid") -> plt.Figure:
         ax_m.semilogx(g.n_steps, g.peak_mb, marker="o", ms=3, label=sens)
     ax_t.set(title=f"{problem}: forward + backward time", xlabel="steps", ylabel="seconds")
     ax_m.set(title=f"{problem}: peak memory above start", xlabel="steps", ylabel="MiB")
+    steps = sorted(df.n_steps.unique())
     for ax in (ax_t, ax_m):
-        ax.set_xticks(sorted(df.n_steps.unique()), labels=[str(n) for n in sorted(df.n_steps.unique())])
+        ax.xaxis.set_minor_locator(NullLocator())  # log-axis minor labels would collide with the step counts
+        ax.set_xticks(steps, labels=[str(n) for n in steps])
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
