@@ -14,10 +14,10 @@ while a is solved backwards, and in how the parameter integral is formed:
   forward's value at each output time. Memory is flat in the number of steps, but where the
   flow is unstable backwards x drifts from the forward trajectory and the gradients with it.
 - ``interpolating``: never integrates x backwards. The forward pass keeps checkpoints (x at
-  about sqrt(n) points of an n-step grid; at the output times for adaptive methods); backward
+  about 2 sqrt(n) points of an n-step grid; at the output times for adaptive methods); backward
   re-integrates each segment forward from its checkpoint, recording (t_j, x_j, f_j), and
   reads x(t) from the cubic Hermite interpolant through those points while it integrates
-  (a, g) back. Memory grows like sqrt(n) states, and no activations are kept.
+  (a, g) back. Memory grows like 4 sqrt(n) states, and no activations are kept.
 - ``quadrature``: the forward pass keeps its whole solution (t_j, x_j, f_j); backward
   integrates a alone, then forms dL/dθ by 3-point Gauss-Legendre quadrature of a^T ∂f/∂θ over
   each forward step, with a and x read from their Hermite interpolants.
@@ -71,11 +71,13 @@ class Hermite:
 
 
 def segment_steps(k: int) -> int:
-    """Steps per checkpoint segment for ``interpolating``: the largest divisor of k <= ceil(sqrt(k)).
+    """Steps per checkpoint segment for ``interpolating``: the largest divisor m of k with m <= sqrt(k)/2.
 
-    Checkpoints (k/m) plus one re-integrated segment (m) then hold about 2 sqrt(k) states.
+    Backward holds the k/m checkpoints plus one re-integrated segment: m + 1 points of (x, f),
+    and their stacked copy in the interpolant, about 4m states. k/m + 4m is least at m = sqrt(k)/2,
+    where it is about 4 sqrt(k) states.
     """
-    limit = math.isqrt(k - 1) + 1 if k > 1 else 1  # ceil(sqrt(k))
+    limit = max(1, math.isqrt(k) // 2)
     return max(m for m in range(1, limit + 1) if k % m == 0)
 
 
