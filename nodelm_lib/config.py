@@ -20,10 +20,9 @@ from typing import Any, Union
 import yaml
 
 from .data import CORPORA, TOKENIZERS
-from .ode.solve import ADAPTIVE_METHODS, FIXED_STEP_METHODS, SENSITIVITIES
+from .ode.solve import METHODS, SENSITIVITIES
 
 ARCHS = ("gpt", "hybrid")
-METHODS = FIXED_STEP_METHODS + ADAPTIVE_METHODS
 DTYPES = ("float32", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 

@@ -113,7 +113,7 @@ class Solver:
         n_steps = (t.numel() - 1) * k
         if self.method == "reversible_heun":
             ys = self._reversible_heun(field, x0, t, recompute, trajectory)
-            nfe = n_steps + 1
+            nfe = n_steps + 1 + (n_steps if trajectory is not None else 0)  # a trajectory needs f at every y
         else:
             ys = self._runge_kutta(field, x0, t, TABLEAUS[self.method], recompute, trajectory)
             nfe = n_steps * TABLEAUS[self.method].n_stages
