@@ -1,0 +1,196 @@
+r"""Selective diagonal state-space layer (Mamba-style, no convolution) modulated in depth t,
+and the chunked scan that evaluates its recurrence.
+
+The scan solves :math:`h_s = a_s h_{s-1} + b_s` (h_{-1} = 0) over positions s without a
+Python loop over s: the positions are cut into chunks of L, every chunk is scanned at once
+(a loop over the L offsets, each step one in-place multiply-add on all chunks together),
+then a loop over the T / L chunks carries each chunk's end state into the next. About
+2 L + T / L small steps instead of T; L near sqrt(T) is best. Only products of a appear,
+never :math:`\exp(-\sum \log a)`, so with a in (0, 1] nothing can overflow.
+
+Autograd does not record the scan: ``backward`` is the adjoint recurrence, the same scan
+run backwards, :math:`\lambda_s = g_s + a_{s+1}\lambda_{s+1}`, with
+:math:`\partial L/\partial b_s = \lambda_s` and :math:`\partial L/\partial a_s = \lambda_s h_{s-1}`.
+It keeps a and h only: recording the in-place steps would keep a copy per step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..nn import ModulatedLinear
+
+# --------------------------------------------------------------------------- scans
+
+
+def check_chunk_size(chunk_size: int) -> None:
+    """Raise ValueError unless ``chunk_size`` is a power of two (1, 2, 4, ...)."""
+    if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size={chunk_size!r} is not valid; it must be a power of two (1, 2, 4, ...)")
+
+
+@torch.no_grad()
+def _chunked_scan(a: torch.Tensor, b: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    r"""h with h_s = a_s h_{s-1} + b_s along dim 1, without autograd (see the module docstring).
+
+    With chunk c's cumulative products :math:`P_{c,j} = \prod_{i \le j} a_{c,i}` and its
+    states :math:`H_{c,j}` started from 0, :math:`h_{c,j} = H_{c,j} + P_{c,j} h_{c-1,L-1}`.
+    """
+    T = a.shape[1]
+    L = min(chunk_size, T)
+    pad = -T % L
+    if pad:  # a = 1, b = 0 past the end leave h unchanged
+        a = torch.cat([a, a.new_ones(a.shape[0], pad, *a.shape[2:])], dim=1)
+        b = torch.cat([b, b.new_zeros(b.shape[0], pad, *b.shape[2:])], dim=1)
+    shape = (a.shape[0], a.shape[1] // L, L, *a.shape[2:])
+    a_c = a.reshape(shape)
+    h = b.reshape(shape).clone()
+    prods = a_c.clone()
+    for j in range(1, L):  # every chunk at once
+        h[:, :, j].addcmul_(a_c[:, :, j], h[:, :, j - 1])
+        prods[:, :, j].mul_(prods[:, :, j - 1])
+    for c in range(1, shape[1]):  # carry the previous chunk's end state in
+        h[:, c].addcmul_(prods[:, c], h[:, c - 1, -1:])
+    return h.reshape(a.shape)[:, :T]
+
+
+class _LinearRecurrence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, chunk_size):
+        h = _chunked_scan(a, b, chunk_size)
+        ctx.save_for_backward(a, h)
+        ctx.chunk_size = chunk_size
+        return h
+
+    @staticmethod
+    def backward(ctx, grad_h):
+        a, h = ctx.saved_tensors
+        # lambda_s = g_s + a_{s+1} lambda_{s+1}: the forward scan on reversed positions, with
+        # the reversed a shifted by one (its first entry multiplies lambda_T = 0: any value)
+        a_next = torch.cat([torch.ones_like(a[:, :1]), a.flip(1)[:, :-1]], dim=1)
+        lam = _chunked_scan(a_next, grad_h.flip(1), ctx.chunk_size).flip(1)
+        h_prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
+        return lam * h_prev, lam, None
+
+
+def default_chunk_size(T: int) -> int:
+    """The power of two nearest sqrt(T): about 2 L + T / L steps is least at L = sqrt(T)."""
+    return 1 << max(0, round(math.log2(math.sqrt(max(T, 1)))))
+
+
+def linear_recurrence(a: torch.Tensor, b: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    r"""h_s = a_s h_{s-1} + b_s with h_{-1} = 0, for a, b of shape (B, T, *S); returns h (B, T, *S).
+
+    Chunked scan with L = ``chunk_size`` (default: ``default_chunk_size(T)``; module
+    docstring); differentiable in a and b through the adjoint scan (not twice).
+    """
+    if a.shape != b.shape or a.dim() < 2:
+        raise ValueError(f"a and b must have the same shape (B, T, ...); got {tuple(a.shape)} and {tuple(b.shape)}")
+    if chunk_size is None:
+        chunk_size = default_chunk_size(a.shape[1])
+    check_chunk_size(chunk_size)
+    return _LinearRecurrence.apply(a, b, chunk_size)
+
+
+def linear_recurrence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The same recurrence as ``linear_recurrence`` by a sequential loop over positions (tests)."""
+    state, out = torch.zeros_like(b[:, 0]), []
+    for s in range(a.shape[1]):
+        state = a[:, s] * state + b[:, s]
+        out.append(state)
+    return torch.stack(out, dim=1)
+
+
+# --------------------------------------------------------------------------- layer
+
+
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    """x with softplus(x) = y, for y > 0: x = y + log(1 - exp(-y))."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+class SelectiveSSM(nn.Module):
+    r"""Selective diagonal SSM (Mamba without the convolution) whose parameters depend on t.
+
+    With h = h(t) the trunk output (``TimeModulation``), for u (B, T, D) and state size N:
+
+    .. math::
+        [x'; z] = W_{in}(t) u, \quad x = \mathrm{SiLU}(x'), \quad [\delta; B_s; C_s] = W_x(t) x_s + b_x, \quad
+        \Delta_{s,d} = \mathrm{softplus}(\delta_{s,d})
+
+        A(t)_{d,n} = -\exp(A^{\log}_{d,n} + a_d(t)), \qquad
+        D(t)_d = D^{base}_d \cdot 2\sigma(d_d(t)), \qquad a(t), d(t) \text{ linear in } h
+
+        S_{s,d,n} = e^{\Delta_{s,d} A_{d,n}} S_{s-1,d,n} + \Delta_{s,d} B_{s,n} x_{s,d}, \qquad
+        y_{s,d} = \textstyle\sum_n C_{s,n} S_{s,d,n} + D(t)_d x_{s,d}
+
+        \mathrm{out} = W_{out}(t)\,(y \odot \mathrm{SiLU}(z))
+
+    with W_in, W_x, W_out ``ModulatedLinear``. A is exponentiated ZOH-style and B by Euler,
+    as in Mamba. A(t) < 0 for every t, so each decay e^{Delta A} lies in (0, 1) and the scan
+    is stable; the recurrence runs over positions only, so the layer is causal. Init:
+    A^log_{d,n} = log n (S4D-real), the Delta bias slice inverse-softplus of dt ~ LogU[1e-3,
+    1e-1] (Mamba), the a and d heads N(0, 0.02) with zero bias (A(t), D(t) start near their
+    bases), D^base = 1.
+    """
+
+    def __init__(self, d_model: int, state_size: int, hidden: int, bias: bool = True, chunk_size: int | None = None):
+        super().__init__()
+        if chunk_size is not None:
+            check_chunk_size(chunk_size)
+        self.d_model, self.state_size, self.chunk_size = d_model, state_size, chunk_size
+        self.in_proj = ModulatedLinear(d_model, 2 * d_model, hidden, bias)
+        self.x_proj = ModulatedLinear(d_model, d_model + 2 * state_size, hidden, bias=True)
+        self.out_proj = ModulatedLinear(d_model, d_model, hidden, bias)
+        self.A_log = nn.Parameter(torch.empty(d_model, state_size))
+        self.A_head = nn.Linear(hidden, d_model)  # a(t)
+        self.D_base = nn.Parameter(torch.empty(d_model))
+        self.D_head = nn.Linear(hidden, d_model)  # d(t)
+        self.reset_parameters()
+
+    owns_init = True  # CausalLM.init_weights calls reset_parameters after the children's
+
+    def reset_parameters(self, std: float = 0.02, dt_min: float = 1e-3, dt_max: float = 1e-1) -> None:
+        """The init of the class docstring (the projections keep ModulatedLinear's, ``std``
+        is theirs); it runs after them, since it sets the Delta slice of x_proj's bias."""
+        n = torch.arange(1, self.state_size + 1, dtype=torch.float32)
+        with torch.no_grad():
+            self.A_log.copy_(n.log().expand(self.d_model, -1))
+            self.D_base.fill_(1.0)
+            dt = torch.exp(torch.empty(self.d_model).uniform_(math.log(dt_min), math.log(dt_max)))
+            self.x_proj.bias.zero_()
+            self.x_proj.bias[: self.d_model].copy_(inverse_softplus(dt))
+        for head in (self.A_head, self.D_head):
+            nn.init.normal_(head.weight, std=0.02)
+            nn.init.zeros_(head.bias)
+
+    def A_at(self, h: torch.Tensor) -> torch.Tensor:
+        """A(t) (D, N), negative everywhere, for the trunk output h(t)."""
+        return -torch.exp(self.A_log + self.A_head(h)[:, None])
+
+    def D_at(self, h: torch.Tensor) -> torch.Tensor:
+        """D(t) (D,): the skip gain, in (0, 2 D_base), equal to D_base when d(t) = 0."""
+        return self.D_base * 2 * torch.sigmoid(self.D_head(h))
+
+    def forward(self, u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return self._forward(u, h, lambda a, b: linear_recurrence(a, b, self.chunk_size))
+
+    def reference_forward(self, u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``forward`` with the sequential scan: the ground truth for the parallel one."""
+        return self._forward(u, h, linear_recurrence_reference)
+
+    def _forward(self, u: torch.Tensor, h: torch.Tensor, scan) -> torch.Tensor:
+        D, N = self.d_model, self.state_size
+        x, z = self.in_proj(u, h).chunk(2, dim=-1)
+        x = F.silu(x)  # Mamba applies SiLU after its convolution; there is no convolution here
+        delta, B_s, C_s = self.x_proj(x, h).split([D, N, N], dim=-1)
+        delta = F.softplus(delta)  # (B, T, D)
+        a = torch.exp(delta[..., None] * self.A_at(h))  # (B, T, D, N), in (0, 1)
+        b = (delta * x)[..., None] * B_s[:, :, None, :]  # (B, T, D, N)
+        states = scan(a, b)
+        y = torch.einsum("btdn,btn->btd", states, C_s) + self.D_at(h) * x
+        return self.out_proj(y * F.silu(z), h)
