@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import nodelm_lib as nl
-from nodelm_lib.config import apply_overrides
+from nodelm_lib.config import CONTINUOUS_ARCHS, apply_overrides
 
 SEED_GPU = [
     "dataset=wikitext2", "tokenizer=gpt2", "model.d_model=256", "model.n_layers=6", "model.n_heads=4",
@@ -41,7 +41,7 @@ def step_times(tc: nl.TrainConfig) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--archs", default="gpt,hybrid")
+    parser.add_argument("--archs", default="gpt,hybrid,node,ti_mlp,ti_ssm")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -53,7 +53,10 @@ def main() -> None:
           f"T={base.seq_len} dtype={base.dtype}; {args.steps} timed steps after {args.warmup} warm-up")
     reference = None
     for arch in args.archs.split(","):
-        tc = dataclasses.replace(base, model=dataclasses.replace(base.model, arch=arch))
+        model = dataclasses.replace(base.model, arch=arch)
+        if arch in CONTINUOUS_ARCHS:  # their depth is the number of solver steps
+            model = dataclasses.replace(model, ode=dataclasses.replace(model.ode, n_steps=model.n_layers))
+        tc = dataclasses.replace(base, model=model)
         times = np.array(step_times(tc)[args.warmup:])
         tps = tokens / np.median(times)
         reference = reference or tps

@@ -1,4 +1,5 @@
-"""Command line: ``python -m nodelm_lib train --set model.arch=hybrid --set max_steps=500``.
+"""Command line: ``python -m nodelm_lib train --set model.arch=hybrid --set max_steps=500``
+(or ``train --preset small --set model.arch=node``).
 
 Subcommands:
   train    train one run from a YAML config and/or ``--set key=value`` overrides
@@ -8,17 +9,24 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
 
-from .config import TrainConfig, apply_overrides, load_yaml
+from .config import PRESETS, TrainConfig, apply_overrides, load_yaml, model_preset
 
 
 def _train(args: argparse.Namespace) -> int:
     from .train import train
 
     tc = load_yaml(args.config) if args.config else TrainConfig()
+    if args.preset:
+        # the preset depends on the arch (ODE steps, hybrid span): read it from --set first
+        arch = next((item.split("=", 1)[1].strip() for item in args.set
+                     if item.split("=", 1)[0].strip() == "model.arch"), tc.model.arch)
+        tc = dataclasses.replace(tc, model=model_preset(args.preset, arch, vocab_size=tc.model.vocab_size,
+                                                        dropout=tc.model.dropout))
     tc = apply_overrides(tc, args.set)
     rec = train(tc)
     if args.record:
@@ -44,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train one run")
     p.add_argument("--config", help="YAML file with TrainConfig fields")
+    p.add_argument("--preset", choices=tuple(PRESETS), help="model size preset (applied before --set)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. model.arch=hybrid (repeatable)")
     p.add_argument("--record", help="write the run record JSON here")

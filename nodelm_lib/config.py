@@ -20,9 +20,13 @@ from typing import Any, Union
 import yaml
 
 from .data import CORPORA, TOKENIZERS
-from .ode.solve import METHODS, SENSITIVITIES
+from .ode.solve import FIXED_STEP_METHODS, METHODS, SENSITIVITIES
 
-ARCHS = ("gpt", "hybrid")
+ARCHS = ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm")
+# one time-dependent block integrated over t in [0, 1]: the depth is the solver's steps
+CONTINUOUS_ARCHS = ("node", "ti_mlp", "ti_ssm")
+MODULATIONS = ("time", "constant")
+INTEGRATIONS = ("ode", "residual")
 DTYPES = ("float32", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
@@ -68,8 +72,20 @@ class ModelConfig:
     """Architecture of a causal language model; ``arch`` selects the family.
 
     ``vocab_size=None`` means "take it from the tokenizer" (``nl.train`` fills it in).
-    Hybrid only: layers ``[ode_start, ode_end)`` of an ``n_layers`` stack are replaced by one
-    ODE block; ``control_dim`` is the size of the optional control vector u (0 disables it).
+
+    - ``gpt`` / ``hybrid``: ``parallel=True`` makes the discrete blocks parallel
+      (x + Attn(LN(x)) + MLP(LN'(x))). Hybrid: layers ``[ode_start, ode_end)`` of the
+      ``n_layers`` stack are replaced by one ODE block; ``control_dim`` is the size of the
+      optional control vector u (0 disables it).
+    - ``node`` / ``ti_mlp`` / ``ti_ssm``: one time-dependent block integrated over
+      t in [0, 1]. Their depth is the number of solver steps, so with a fixed-step method
+      ``n_layers`` must equal ``ode.n_steps``. ``time_features`` is the size of the
+      sinusoidal embedding of t and ``time_hidden`` the width of the networks reading it.
+      ``hyper_dim`` (node) is E, the number of basis matrices each weight mixes.
+      ``modulation="constant"`` shows every weight the fixed t = 0 (the ablation: is depth
+      dependence needed?); ``integration="residual"`` steps x + f(t_k, x) instead of
+      x + dt f(t_k, x) (needs ``ode.method="euler"``). ``ssm_state_size`` is N, the state
+      size per channel of ti_ssm's state-space layer.
     """
 
     arch: str = "gpt"
@@ -79,20 +95,32 @@ class ModelConfig:
     n_layers: int = 4
     max_seq_len: int = 128
     dropout: float = 0.0
-    mlp_ratio: int = 4
+    mlp_ratio: float = 4.0
     bias: bool = True
+    parallel: bool = False
     ode: ODEConfig = field(default_factory=ODEConfig)
     ode_start: int = 2
     ode_end: int = 4
     control_dim: int = 4
     ode_scale_init: float = 0.1
+    time_features: int = 32
+    time_hidden: int = 64
+    hyper_dim: int = 4
+    modulation: str = "time"
+    integration: str = "ode"
+    ssm_state_size: int = 16
 
     def __post_init__(self) -> None:
         _check_choice("model.arch", self.arch, ARCHS)
+        _check_choice("model.modulation", self.modulation, MODULATIONS)
+        _check_choice("model.integration", self.integration, INTEGRATIONS)
         if self.vocab_size is not None:
             _check_positive("model.vocab_size", self.vocab_size)
-        for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "mlp_ratio"):
+        for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "mlp_ratio", "time_hidden",
+                    "hyper_dim", "ssm_state_size"):
             _check_positive(f"model.{key}", getattr(self, key))
+        if self.time_features < 2 or self.time_features % 2:
+            raise ValueError(f"model.time_features={self.time_features!r} is not valid; it must be an even number >= 2")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}"
@@ -105,6 +133,52 @@ class ModelConfig:
                 f"model.ode_start={self.ode_start}, model.ode_end={self.ode_end} is not a valid span "
                 f"of model.n_layers={self.n_layers}; need 0 <= ode_start < ode_end <= n_layers"
             )
+        self._check_continuous_options()
+
+    def _check_continuous_options(self) -> None:
+        if self.arch not in CONTINUOUS_ARCHS:
+            for key, default in (("modulation", "time"), ("integration", "ode")):
+                if getattr(self, key) != default:
+                    raise ValueError(f"model.{key}={getattr(self, key)!r} applies to archs "
+                                     f"{', '.join(CONTINUOUS_ARCHS)} only, not model.arch={self.arch!r}")
+            return
+        if self.parallel:
+            raise ValueError(f"model.parallel applies to the discrete blocks of gpt and hybrid; "
+                             f"model.arch={self.arch!r} always uses the parallel form")
+        if self.ode.method in FIXED_STEP_METHODS and self.n_layers != self.ode.n_steps:
+            raise ValueError(
+                f"model.n_layers={self.n_layers} but model.ode.n_steps={self.ode.n_steps}: for "
+                f"model.arch={self.arch!r} the depth is the number of solver steps; set both to the same value"
+            )
+        if self.integration == "residual" and self.ode.method != "euler":
+            raise ValueError(f"model.integration='residual' steps x + f(t_k, x), a discrete stack: "
+                             f"it needs model.ode.method='euler', got {self.ode.method!r}")
+
+
+# Shapes of the seed's presets (the 002 guide: small is its 6 x 256 gpu config). Continuous
+# archs take ode.n_steps = n_layers, the hybrid replaces the middle third of its layers.
+PRESETS = {
+    "small": dict(d_model=256, n_heads=4, n_layers=6, max_seq_len=256),
+    "medium": dict(d_model=768, n_heads=12, n_layers=12, max_seq_len=1024),
+    "large": dict(d_model=1024, n_heads=16, n_layers=24, max_seq_len=1024),
+}
+
+
+def model_preset(name: str, arch: str = "gpt", **overrides: Any) -> ModelConfig:
+    """A ``ModelConfig`` of preset size ``name`` (small / medium / large) for ``arch``.
+
+    ``model_preset("small", "node", vocab_size=50257)``; ``overrides`` are ModelConfig
+    fields and win over the preset.
+    """
+    _check_choice("preset", name, tuple(PRESETS))
+    values = dict(PRESETS[name], arch=arch)
+    n = values["n_layers"]
+    if arch in CONTINUOUS_ARCHS:
+        values["ode"] = ODEConfig(n_steps=n)
+    if arch == "hybrid":
+        values.update(ode_start=n // 3, ode_end=n - n // 3)
+    values.update(overrides)
+    return ModelConfig(**values)
 
 
 @dataclass

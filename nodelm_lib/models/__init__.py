@@ -1,14 +1,33 @@
-"""Model families, one file each; ``build_model(cfg)`` picks one by ``cfg.arch``."""
+"""Model families, one file each; ``build_model(cfg)`` picks one by ``cfg.arch``.
+
+``count_params(cfg)`` counts a config's parameters without allocating them, and
+``match_params(cfg, target)`` resizes a config to a target non-embedding count so that two
+architectures can be compared at equal size.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
+
 from ..config import ARCHS, ModelConfig
-from .common import CausalLM
+from .common import CausalLM, ContinuousDepthLM, ODEBlock
 from .gpt import GPT
 from .hybrid import HybridODETransformer
+from .node import NeuralODETransformer, param_count_formula
+from .time_indexed import TimeIndexedMLP, TimeIndexedSSM
 
-_REGISTRY = {"gpt": GPT, "hybrid": HybridODETransformer}
+_REGISTRY = {
+    "gpt": GPT,
+    "hybrid": HybridODETransformer,
+    "node": NeuralODETransformer,
+    "ti_mlp": TimeIndexedMLP,
+    "ti_ssm": TimeIndexedSSM,
+}
 assert set(_REGISTRY) == set(ARCHS), "config.ARCHS and the model registry disagree"
+
+MATCH_BY = ("d_model", "mlp_ratio")
 
 
 def build_model(cfg: ModelConfig) -> CausalLM:
@@ -18,4 +37,53 @@ def build_model(cfg: ModelConfig) -> CausalLM:
     return _REGISTRY[cfg.arch](cfg)
 
 
-__all__ = ["build_model", "CausalLM", "GPT", "HybridODETransformer"]
+def count_params(cfg: ModelConfig) -> dict[str, int]:
+    """``{"total": ..., "non_embedding": ...}`` for ``cfg``, built on the meta device (no
+    memory, no initialisation cost), so large presets can be counted on a laptop."""
+    if cfg.vocab_size is None:
+        cfg = dataclasses.replace(cfg, vocab_size=1)  # the embeddings are not what is asked for
+    with torch.device("meta"):
+        model = build_model(cfg)
+    return {"total": model.num_params(), "non_embedding": model.num_params(non_embedding=True)}
+
+
+def match_params(cfg: ModelConfig, target_params: int, by: str = "d_model") -> ModelConfig:
+    """A copy of ``cfg`` resized so that its non-embedding parameter count is as close as
+    possible to ``target_params``.
+
+    ``by="d_model"`` searches widths that are multiples of ``n_heads``; ``by="mlp_ratio"``
+    searches the MLP's hidden size (any integer, so the ratio may be fractional) and keeps
+    the width. The count grows monotonically in both, so a bisection over the integers
+    finds the closest. Use ``count_params`` on the result to report what was reached.
+    """
+    if by not in MATCH_BY:
+        raise ValueError(f"by={by!r} is not valid; choose one of {', '.join(map(repr, MATCH_BY))}")
+    if by == "mlp_ratio" and cfg.arch == "ti_ssm":
+        raise ValueError("ti_ssm has no MLP (its state-space layer replaces it): match it with by='d_model'")
+    if target_params <= 0:
+        raise ValueError(f"target_params={target_params!r} is not valid; it must be > 0")
+
+    def resized(k: int) -> ModelConfig:
+        if by == "d_model":
+            return dataclasses.replace(cfg, d_model=k * cfg.n_heads)
+        return dataclasses.replace(cfg, mlp_ratio=k / cfg.d_model)
+
+    def count(k: int) -> int:
+        return count_params(resized(k))["non_embedding"]
+
+    lo, hi = 1, 2
+    while count(hi) < target_params:  # grow until the target is bracketed
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:  # count(lo) < target <= count(hi), or lo = 1
+        mid = (lo + hi) // 2
+        if count(mid) < target_params:
+            lo = mid
+        else:
+            hi = mid
+    best = min((lo, hi), key=lambda k: abs(count(k) - target_params))
+    return resized(best)
+
+
+__all__ = ["build_model", "count_params", "match_params", "param_count_formula", "CausalLM",
+           "ContinuousDepthLM", "ODEBlock", "GPT", "HybridODETransformer", "NeuralODETransformer",
+           "TimeIndexedMLP", "TimeIndexedSSM"]

@@ -2,7 +2,9 @@
 
 A family subclasses ``CausalLM`` and implements ``body(x, **kwargs)``, the map from the
 embedded sequence (B, T, D) to the final hidden states (B, T, D). Everything else (the
-``max_seq_len`` check, the loss, initialisation, parameter counts) lives here once.
+``max_seq_len`` check, the loss, initialisation, parameter counts) lives here once, as does
+``ODEBlock``, the one place where a model calls the ODE solver, and ``ContinuousDepthLM``,
+the body of the models that are a single time-dependent block integrated over t in [0, 1].
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig, ODEConfig
 from ..nn import linear_cross_entropy
-from ..ode.stats import SolveStats
+from ..ode import SolveStats, odeint
+from ..ode.solve import FIXED_STEP_METHODS
 
 
 class CausalLM(nn.Module):
@@ -98,6 +101,12 @@ class CausalLM(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=std)
+        # Time-dependent layers (``owns_init``) initialise themselves: the networks reading t
+        # must not start at N(0, 0.02), or their outputs, and so the depth dependence, would
+        # start near zero. Children first, so that a layer can adjust what its children set.
+        for name, module in reversed(list(self.named_modules())):
+            if getattr(module, "owns_init", False):
+                module.reset_parameters(std=std if name.endswith("c_proj") else 0.02)
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -116,3 +125,95 @@ class CausalLM(nn.Module):
         for name, _ in self.named_parameters():
             groups.setdefault(name.split(".")[0], []).append(name)
         return groups
+
+
+# --------------------------------------------------------------------------- ODE blocks
+
+# gradient methods whose backward evaluates the field again, outside the forward's graph
+REEVALUATING_SENSITIVITIES = ("backsolve", "interpolating", "quadrature", "reversible")
+
+
+class ODEBlock(nn.Module):
+    """Integrates ``field(t, x, *args)`` from t = 0 to t = 1 and returns x(1).
+
+    Fixed-step methods take ``ode.n_steps`` steps; adaptive ones choose their own. ``self.ode``
+    may be replaced after training (``CausalLM.set_ode``) to evaluate at other steps or
+    methods; ``self.stats`` holds the counters of the last solve (reset at every forward).
+
+    Two ablation switches of the continuous-depth models live here, since they are about how
+    the field is integrated and not about what it computes:
+
+    - ``integration="residual"``: the discrete stack x_{k+1} = x_k + f(t_k, x_k) instead of
+      the Euler step x_k + dt f(t_k, x_k); solved as the ODE of f / dt, so every gradient
+      method still applies.
+    - ``modulation="constant"``: the field sees t = 0 at every step, so its weights do not
+      depend on depth (the control for "does the t-dependence matter?").
+    """
+
+    def __init__(self, field: nn.Module, ode: ODEConfig, dropout: float = 0.0,
+                 integration: str = "ode", modulation: str = "time"):
+        super().__init__()
+        self.field = field
+        self.ode: ODEConfig = ode
+        self.dropout = dropout
+        self.integration = integration
+        self.modulation = modulation
+        self.stats = SolveStats()
+
+    def forward(self, x: torch.Tensor, *args) -> torch.Tensor:
+        ode = self.ode
+        if ode.sensitivity in REEVALUATING_SENSITIVITIES and self.training and self.dropout > 0:
+            # backward evaluates the field again: new dropout masks would make the
+            # reconstructed trajectory (and so the gradients) wrong
+            raise ValueError(f"sensitivity={ode.sensitivity!r} needs a deterministic field: set dropout=0 "
+                             "or use sensitivity='checkpoint' or 'direct'")
+        if self.integration == "residual" and ode.method != "euler":
+            raise ValueError(f"integration='residual' is a discrete stack x + f(t_k, x): it needs "
+                             f"method='euler', got {ode.method!r}")
+        self.stats.reset()
+        states = odeint(
+            lambda t, h: self.vector_field(t, h, *args),
+            x,
+            torch.tensor([0.0, 1.0], device=x.device),
+            method=ode.method,
+            sensitivity=ode.sensitivity,
+            rtol=ode.rtol,
+            atol=ode.atol,
+            max_num_steps=ode.max_num_steps,
+            params=(*self.field.parameters(), *(a for a in args if torch.is_tensor(a) and a.requires_grad)),
+            steps_per_interval=ode.n_steps if ode.method in FIXED_STEP_METHODS else 1,
+            stats=self.stats,
+        )
+        return states[-1]
+
+    def vector_field(self, t: torch.Tensor, x: torch.Tensor, *args) -> torch.Tensor:
+        """What the solver integrates: ``field`` with the two switches applied."""
+        if self.modulation == "constant":
+            t = torch.zeros_like(t)
+        out = self.field(t, x, *args)
+        if self.integration == "residual":  # x + f = x + dt * (f / dt), dt = 1 / n_steps
+            out = out * float(self.ode.n_steps)
+        return out
+
+
+class ContinuousDepthLM(CausalLM):
+    """A single time-dependent block f(t, x) integrated over t in [0, 1] (node, ti_mlp,
+    ti_ssm): the embedded sequence is x(0), the final hidden state x(1).
+
+    Subclasses build ``field`` (an nn.Module with ``forward(t, x)``) and call
+    ``super().__init__(cfg, field)``.
+    """
+
+    def __init__(self, cfg: ModelConfig, field: nn.Module):
+        super().__init__(cfg)
+        self.ode_block = ODEBlock(field, cfg.ode, cfg.dropout, cfg.integration, cfg.modulation)
+        # an Euler step adds dt * f, so n steps add about one block's worth in total; the
+        # residual stack adds n blocks, which the nanoGPT output-projection scaling is for
+        self.init_weights(n_residual_layers=1 if cfg.integration == "ode" else cfg.n_layers)
+
+    @property
+    def field(self) -> nn.Module:
+        return self.ode_block.field
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ode_block(x)

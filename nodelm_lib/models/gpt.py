@@ -1,4 +1,8 @@
-"""``gpt``: a pre-LN decoder-only transformer (nanoGPT-like), the discrete baseline."""
+"""``gpt``: a pre-LN decoder-only transformer (nanoGPT-like), the discrete baseline.
+
+``parallel=True`` gives parallel blocks x + Attn(LN(x)) + MLP(LN'(x)), the form that
+``node``'s ``evaluate_at`` exports into.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ class GPT(CausalLM):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.blocks = nn.ModuleList(
-            Block(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.bias) for _ in range(cfg.n_layers)
+            Block(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.bias, cfg.parallel)
+            for _ in range(cfg.n_layers)
         )
         self.init_weights(n_residual_layers=cfg.n_layers)
 

@@ -16,11 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..config import ModelConfig, ODEConfig
+from ..config import ModelConfig
 from ..nn import MLP, Block, CausalSelfAttention, TimeEmbedding
-from ..ode import SolveStats, odeint
-from ..ode.solve import FIXED_STEP_METHODS
-from .common import CausalLM
+from .common import CausalLM, ODEBlock
 
 
 class HybridField(nn.Module):
@@ -44,48 +42,14 @@ class HybridField(nn.Module):
         return self.scale * (self.attn(self.ln_1(h)) + self.mlp(self.ln_2(h)))
 
 
-# gradient methods whose backward evaluates the field again, outside the forward's graph
-REEVALUATING_SENSITIVITIES = ("backsolve", "interpolating", "quadrature", "reversible")
-
-
-class ODEBlock(nn.Module):
-    """Integrates the field from t = 0 to t = 1 and returns x(1).
-
-    Fixed-step methods take ``ode.n_steps`` steps; adaptive ones choose their own. ``self.ode``
-    may be replaced after training to evaluate at other ``n_steps`` or methods;
-    ``self.stats`` holds the counters of the last solve (reset at every forward).
-    """
+class HybridODEBlock(ODEBlock):
+    """The hybrid's ODE block: the shared ``ODEBlock`` plus the control vector's checks."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.field = HybridField(cfg)
-        self.ode: ODEConfig = cfg.ode
-        self.dropout = cfg.dropout
-        self.stats = SolveStats()
+        super().__init__(HybridField(cfg), cfg.ode, cfg.dropout)
 
     def forward(self, x: torch.Tensor, control: torch.Tensor | None = None) -> torch.Tensor:
-        control = self._check_control(control, x)
-        ode = self.ode
-        if ode.sensitivity in REEVALUATING_SENSITIVITIES and self.training and self.dropout > 0:
-            # backward evaluates the field again: new dropout masks would make the
-            # reconstructed trajectory (and so the gradients) wrong
-            raise ValueError(f"sensitivity={ode.sensitivity!r} needs a deterministic field: set dropout=0 "
-                             "or use sensitivity='checkpoint' or 'direct'")
-        self.stats.reset()
-        states = odeint(
-            lambda t, h: self.field(t, h, control),
-            x,
-            torch.tensor([0.0, 1.0], device=x.device),
-            method=ode.method,
-            sensitivity=ode.sensitivity,
-            rtol=ode.rtol,
-            atol=ode.atol,
-            max_num_steps=ode.max_num_steps,
-            params=(*self.field.parameters(), *(() if control is None else (control,))),
-            steps_per_interval=ode.n_steps if ode.method in FIXED_STEP_METHODS else 1,
-            stats=self.stats,
-        )
-        return states[-1]
+        return super().forward(x, self._check_control(control, x))
 
     def _check_control(self, control: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
         if control is None:
@@ -111,10 +75,11 @@ class HybridODETransformer(CausalLM):
         super().__init__(cfg)
 
         def blocks(n: int) -> nn.ModuleList:
-            return nn.ModuleList(Block(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.bias) for _ in range(n))
+            return nn.ModuleList(Block(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.bias, cfg.parallel)
+                                 for _ in range(n))
 
         self.early_blocks = blocks(cfg.ode_start)
-        self.ode_block = ODEBlock(cfg)
+        self.ode_block = HybridODEBlock(cfg)
         self.late_blocks = blocks(cfg.n_layers - cfg.ode_end)
         self.init_weights(n_residual_layers=cfg.n_layers)
 

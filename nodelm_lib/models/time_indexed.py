@@ -1,0 +1,70 @@
+"""``ti_mlp`` and ``ti_ssm``: time-indexed parameter sharing (the seed-001 extension).
+
+One set of base weights is shared by all depths and gated in time,
+W_eff(t) = W_base * sigmoid(g(t)) (``nn.ModulatedLinear``; its docstring says which structure
+g has and why), with g a small network on the sinusoidal time code. The block is in
+parallel form and integrated over t in [0, 1] like ``node``:
+
+    ti_mlp:  dx/dt = Attn_t(LN_1(x)) + MLP_t(LN_2(x))
+    ti_ssm:  dx/dt = Attn_t(LN_1(x)) + SSM_t(LN_2(x))
+
+where SSM_t is a selective diagonal state-space layer over positions (``models/ssm.py``)
+whose parameters are modulated in t by the same trunk. The layer norms are shared and
+static. ``modulation="constant"`` and ``integration="residual"`` (``ModelConfig``) are the
+seed's two open questions: is the gain from t, and is the dt factor needed?
+
+Unlike the published extension, attention is causal (it pooled the whole window) and
+there are position embeddings (``CausalLM``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..config import ModelConfig
+from ..nn import ModulatedLinear, TimeAttention, TimeMLP, TimeModulation
+from .common import ContinuousDepthLM
+from .ssm import SelectiveSSM
+
+
+class TimeIndexedField(nn.Module):
+    """f(t, x) = Attn_t(LN_1(x)) + Mixer_t(LN_2(x)), every weight gated by g(t).
+
+    ``mixer`` is ``"mlp"`` (ti_mlp) or ``"ssm"`` (ti_ssm). The trunk h(t) is computed once
+    per evaluation and shared by every gated layer.
+    """
+
+    def __init__(self, cfg: ModelConfig, mixer: str):
+        super().__init__()
+
+        def linear(in_features: int, out_features: int) -> ModulatedLinear:
+            return ModulatedLinear(in_features, out_features, cfg.time_hidden, cfg.bias)
+
+        self.modulation = TimeModulation(cfg.time_features, cfg.time_hidden)
+        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = TimeAttention(cfg.d_model, cfg.n_heads, cfg.dropout, linear)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        if mixer == "mlp":
+            self.mixer = TimeMLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout, linear)
+        else:
+            self.mixer = SelectiveSSM(cfg.d_model, cfg.ssm_state_size, cfg.time_hidden, cfg.bias)
+
+    def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        h = self.modulation(t.to(x.device))
+        return self.attn(self.ln_1(x), h) + self.mixer(self.ln_2(x), h)
+
+
+class TimeIndexedMLP(ContinuousDepthLM):
+    """``ti_mlp``: shared attention + MLP weights gated in time."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, TimeIndexedField(cfg, "mlp"))
+
+
+class TimeIndexedSSM(ContinuousDepthLM):
+    """``ti_ssm``: shared attention weights gated in time, the MLP replaced by a selective
+    state-space layer modulated in time (``ssm_state_size`` states per channel)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, TimeIndexedField(cfg, "ssm"))
