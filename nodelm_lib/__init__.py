@@ -12,10 +12,12 @@ __version__ = "0.1.0"  # set before the imports below: train.py records it
 from .config import PRESETS, ModelConfig, ODEConfig, TrainConfig, apply_overrides, load_yaml, model_preset, save_yaml
 from .models import build_model, count_params, match_params
 from .ode import SolveStats, odeint
+from .generate import generate
+from .checkpoints import load_model, save_checkpoint
 from .train import NonFiniteError, RunRecord, train  # noqa: E402  (rebinds nl.train to the function)
 
 
 __all__ = [
     "ModelConfig", "ODEConfig", "TrainConfig", "apply_overrides", "load_yaml", "save_yaml",
-    "PRESETS", "model_preset", "build_model", "count_params", "match_params", "odeint", "SolveStats", "train", "RunRecord", "NonFiniteError",
+    "PRESETS", "model_preset", "build_model", "count_params", "match_params", "generate", "save_checkpoint", "load_model", "odeint", "SolveStats", "train", "RunRecord", "NonFiniteError",
 ]

@@ -2,8 +2,10 @@
 (or ``train --preset small --set model.arch=node``).
 
 Subcommands:
-  train    train one run from a YAML config and/or ``--set key=value`` overrides
-  tables   rewrite the README's generated tables from results/
+  train     train one run from a YAML config and/or ``--set key=value`` overrides
+  generate  sample text from a saved model (``--checkpoint``: a model file or a run's checkpoint)
+  eval      loss / perplexity of a saved model over a whole split, at a chosen context length
+  tables    rewrite the README's generated tables from results/
 """
 
 from __future__ import annotations
@@ -37,6 +39,55 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tokenizer_of(model, override: str | None, data_dir: str | None):
+    from .data import get_tokenizer
+
+    name = override or model.checkpoint_metadata.get("tokenizer")
+    if name is None:
+        raise ValueError("the checkpoint does not name its tokenizer; pass --tokenizer char|gpt2")
+    tok = get_tokenizer(name, data_dir=data_dir)
+    if tok.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"tokenizer {name!r} has {tok.vocab_size} tokens but the model's vocab_size is "
+                         f"{model.cfg.vocab_size}; pass the tokenizer it was trained with")
+    return name, tok
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .checkpoints import load_model
+    from .generate import generate
+
+    model = load_model(args.checkpoint, device=args.device)
+    _, tok = _tokenizer_of(model, args.tokenizer, args.data_dir)
+    ids = tok.encode(args.prompt)
+    if not ids:
+        raise ValueError("--prompt is empty after tokenisation; give at least one token")
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    idx = torch.tensor([ids], dtype=torch.long, device=args.device)
+    out = generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, use_cache=not args.no_cache, generator=generator)
+    print(tok.decode(out[0].tolist()))
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .checkpoints import load_model
+    from .data import load_tokens
+    from .train import evaluate_split
+
+    model = load_model(args.checkpoint, device=args.device)
+    name, _ = _tokenizer_of(model, args.tokenizer, args.data_dir)
+    dataset = args.dataset or model.checkpoint_metadata.get("dataset") or "wikitext2"
+    tokens = load_tokens(dataset, args.split, name, data_dir=args.data_dir)
+    seq_len = args.seq_len or model.cfg.max_seq_len
+    res = evaluate_split(model, tokens, seq_len, batch_size=args.batch_size, max_windows=args.max_windows,
+                         device=args.device)
+    print(f"{dataset}/{args.split} at seq_len {seq_len} ({res['tokens']} tokens): loss {res['loss']:.4f}, "
+          f"perplexity {res['perplexity']:.2f}, {res['bits_per_token']:.4f} bits/token")
+    return 0
+
+
 def _tables(args: argparse.Namespace) -> int:
     from .report import update_readme_tables
 
@@ -58,6 +109,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", help="write the run record JSON here")
     p.set_defaults(func=_train)
 
+    p = sub.add_parser("generate", help="sample text from a saved model")
+    p.add_argument("--checkpoint", required=True, help="model file (nl.save_checkpoint) or a run's checkpoint.pt / out_dir")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole context for every token")
+    p.add_argument("--tokenizer", choices=("char", "gpt2"), help="default: the one stored in the checkpoint")
+    p.add_argument("--data-dir", default=None, help="where the offline data (tiktoken cache) lives")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=_generate)
+
+    p = sub.add_parser("eval", help="loss of a saved model over a whole split")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--split", default="test", choices=("train", "validation", "test"))
+    p.add_argument("--seq-len", type=int, default=None, help="context length (default: the model's max_seq_len)")
+    p.add_argument("--dataset", default=None, help="default: the one stored in the checkpoint, else wikitext2")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-windows", type=int, default=None, help="score only the first N windows")
+    p.add_argument("--tokenizer", choices=("char", "gpt2"))
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=_eval)
+
     p = sub.add_parser("tables", help="rewrite README tables from results/")
     p.add_argument("--readme", default="README.md")
     p.set_defaults(func=_tables)
@@ -70,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
         return args.func(args)
-    except ValueError as err:  # configuration errors: say what is wrong, no traceback
+    except (ValueError, FileNotFoundError) as err:  # bad input: say what is wrong, no traceback
         parser.exit(2, f"error: {err}\n")
 
 

@@ -7,11 +7,88 @@ attends to positions <= i only, which the causality tests check for every model.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+# --------------------------------------------------------------------------- decoding cache
+
+
+class DecodeCache:
+    r"""What incremental decoding keeps between forward passes: one slot per call site.
+
+    A causal model evaluated on a fixed grid makes the same sequence of layer calls in every
+    forward pass (blocks in order; for an ODE block, steps x stages of the field in the
+    solver's order), and the call at a given place in that sequence computes, at position i,
+    a value that depends on positions <= i only. So the k-th call of a pass can keep its
+    state (attention keys and values, an SSM's last recurrent state, time-dependent weights
+    that depend on t alone) in slot k and the next pass, fed only the new tokens, continues
+    from it. ``length`` is the number of positions already processed.
+
+    The model's ``forward(idx, cache=cache)`` activates the cache (``active_cache()``) for the
+    duration of the pass and checks that the pass used every slot: a solver whose steps
+    depend on the data (adaptive methods) would break the correspondence, and is refused
+    before that by ``generate``.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity  # positions the K/V buffers hold (the model's max_seq_len)
+        self.length = 0
+        self._slots: list[dict] = []
+        self._cursor = 0
+
+    def slot(self) -> dict:
+        """The next call site's state (a dict the layer owns)."""
+        if self._cursor == len(self._slots):
+            if self.length:
+                raise RuntimeError("this forward pass made more layer calls than the one that filled the cache; "
+                                   "incremental decoding needs a fixed call sequence (a fixed-step solver)")
+            self._slots.append({})
+        self._cursor += 1
+        return self._slots[self._cursor - 1]
+
+    @contextlib.contextmanager
+    def step(self, n_new: int):
+        """Activate the cache for one forward pass over ``n_new`` new positions."""
+        if self.length + n_new > self.capacity:
+            raise ValueError(f"the cache holds {self.capacity} positions; {self.length} are used and "
+                             f"{n_new} more were given: crop the context and start a new cache")
+        self._cursor = 0
+        token = _ACTIVE_CACHE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE_CACHE.reset(token)
+        if self._cursor != len(self._slots):
+            raise RuntimeError(f"this forward pass made {self._cursor} layer calls, the cache holds "
+                               f"{len(self._slots)}: the call sequence changed between passes")
+        self.length += n_new
+
+
+_ACTIVE_CACHE: contextvars.ContextVar[DecodeCache | None] = contextvars.ContextVar("nodelm_decode_cache", default=None)
+
+
+def active_cache() -> DecodeCache | None:
+    """The cache of the forward pass in progress, or None outside incremental decoding."""
+    return _ACTIVE_CACHE.get()
+
+
+def cached_per_call(compute: Callable[[], object]) -> object:
+    """``compute()``, or while decoding with a cache, its value from the first pass at this
+    call site: for weights that depend on t alone, the same at a call site in every pass."""
+    cache = active_cache()
+    if cache is None:
+        return compute()
+    slot = cache.slot()
+    if "value" not in slot:
+        slot["value"] = compute()
+    return slot["value"]
 
 
 class CausalSelfAttention(nn.Module):
@@ -39,13 +116,37 @@ class CausalSelfAttention(nn.Module):
 
 def causal_attention(qkv: torch.Tensor, n_heads: int, dropout_p: float = 0.0) -> torch.Tensor:
     """Causal multi-head attention from fused projections ``qkv`` (B, T, 3D) to (B, T, D),
-    before the output projection. Shared by every attention layer, fixed or time-dependent."""
+    before the output projection. Shared by every attention layer, fixed or time-dependent.
+
+    While decoding with a ``DecodeCache``, the T new positions attend to the cached keys and
+    values of this call site as well as to each other (causally)."""
     B, T, D3 = qkv.shape
     D = D3 // 3
     # (B, T, D) -> (B, H, T, d_h)
     q, k, v = (z.view(B, T, n_heads, D // n_heads).transpose(1, 2) for z in qkv.split(D, dim=2))
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+    mask, is_causal = None, True
+    cache = active_cache()
+    if cache is not None:
+        k, v = _extend_kv(cache.slot(), k, v, cache.length, cache.capacity)
+        past = cache.length
+        if past and T == 1:  # one new query sees every key
+            is_causal = False
+        elif past:  # query i (position past + i) sees keys 0 .. past + i
+            mask, is_causal = torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past), False
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p)
     return y.transpose(1, 2).contiguous().view(B, T, D)
+
+
+def _extend_kv(slot: dict, k: torch.Tensor, v: torch.Tensor, past: int, capacity: int):
+    """Write the new keys/values at positions past .. past + T into the slot's buffers
+    (allocated once, at the cache's capacity) and return views of everything so far."""
+    if "k" not in slot:
+        B, H, _, dh = k.shape
+        slot["k"], slot["v"] = (k.new_empty(B, H, capacity, dh) for _ in range(2))
+    end = past + k.shape[2]
+    slot["k"][:, :, past:end] = k
+    slot["v"][:, :, past:end] = v
+    return slot["k"][:, :, :end], slot["v"][:, :, :end]
 
 
 def mlp_hidden(d_model: int, ratio: float) -> int:
@@ -181,7 +282,7 @@ class HyperLinear(nn.Module):
         return weight, bias
 
     def forward(self, x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, *self.weight_at(code))
+        return F.linear(x, *cached_per_call(lambda: self.weight_at(code)))
 
 
 class TimeLayerNorm(nn.Module):
@@ -202,7 +303,7 @@ class TimeLayerNorm(nn.Module):
         return weight, bias
 
     def forward(self, x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.weight_at(code)
+        weight, bias = cached_per_call(lambda: self.weight_at(code))
         return F.layer_norm(x, (x.shape[-1],), weight, bias)
 
 
@@ -273,7 +374,7 @@ class ModulatedLinear(nn.Module):
         return self.weight * torch.sigmoid(logits)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight_at(h), self.bias)
+        return F.linear(x, cached_per_call(lambda: self.weight_at(h)), self.bias)
 
 
 class TimeAttention(nn.Module):

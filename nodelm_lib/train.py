@@ -163,6 +163,37 @@ def evaluate(model: CausalLM, batches, device: torch.device, autocast) -> float:
     return float(np.mean(losses))
 
 
+@torch.no_grad()
+def evaluate_split(model: CausalLM, tokens, seq_len: int, batch_size: int = 8, max_windows: int | None = None,
+                   device: torch.device | str = "cpu") -> dict:
+    """Mean loss over a whole split cut into consecutive, non-overlapping windows of
+    ``seq_len`` (each position scored once, with as much context as its window gives), or
+    over the first ``max_windows`` of them. Returns loss, perplexity, bits per token and the
+    number of tokens scored. ``seq_len`` may not exceed the model's ``max_seq_len``."""
+    if seq_len > model.cfg.max_seq_len:
+        raise ValueError(f"seq_len={seq_len} exceeds the model's max_seq_len={model.cfg.max_seq_len} "
+                         "(its position embeddings end there)")
+    tokens = torch.as_tensor(np.asarray(tokens).astype(np.int64))
+    n_windows = (tokens.numel() - 1) // seq_len
+    if max_windows is not None:
+        n_windows = min(n_windows, max_windows)
+    if n_windows < 1:
+        raise ValueError(f"the split has {tokens.numel()} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+    x_all = tokens[: n_windows * seq_len].view(n_windows, seq_len)
+    y_all = tokens[1: n_windows * seq_len + 1].view(n_windows, seq_len)
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for start in range(0, n_windows, batch_size):
+        x, y = x_all[start:start + batch_size].to(device), y_all[start:start + batch_size].to(device)
+        _, loss = model(x, y, return_logits=False)
+        total += float(loss) * x.numel()
+    model.train(was_training)
+    loss = total / (n_windows * seq_len)
+    return {"loss": loss, "perplexity": math.exp(loss), "bits_per_token": loss / math.log(2),
+            "tokens": n_windows * seq_len, "seq_len": seq_len}
+
+
 def environment(device: torch.device) -> dict:
     env = {
         "nodelm": __version__,
@@ -209,11 +240,17 @@ def with_tokenizer_vocab(tc: TrainConfig) -> TrainConfig:
 # --------------------------------------------------------------------------- checkpoints
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int, batch_gen: torch.Generator, record: RunRecord) -> None:
+def save_training_state(path: Path, model, optimizer, step: int, batch_gen: torch.Generator, record: RunRecord) -> None:
+    """Everything an exact resume needs; also a model file ``nl.load_model`` reads (it holds
+    the model's config, the tokenizer and the dataset next to the weights)."""
+    config = record.config
     _atomic_torch_save(
         {
             "step": step,
             "model": model.state_dict(),
+            "model_config": config["model"] | {"vocab_size": model.cfg.vocab_size},
+            "tokenizer": config["tokenizer"],
+            "dataset": config["dataset"],
             "optimizer": optimizer.state_dict(),
             "batch_generator": batch_gen.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -226,7 +263,7 @@ def save_checkpoint(path: Path, model, optimizer, step: int, batch_gen: torch.Ge
     )
 
 
-def load_checkpoint(path: Path, model, optimizer, batch_gen: torch.Generator, record: RunRecord) -> int:
+def load_training_state(path: Path, model, optimizer, batch_gen: torch.Generator, record: RunRecord) -> int:
     """Restore a run from ``path``; returns the number of steps already done."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     if state["config_hash"] != record.config_hash:
@@ -290,7 +327,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     )
     start = 0
     if tc.resume and ckpt_path is not None and ckpt_path.exists():
-        start = load_checkpoint(ckpt_path, model, optimizer, batch_gen, record)
+        start = load_training_state(ckpt_path, model, optimizer, batch_gen, record)
     if start == 0:
         record.evals.append({"step": 0, "val_loss": evaluate(model, val_batches, device, autocast)})
 
@@ -309,7 +346,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
                 record.evals.append({"step": done, "val_loss": evaluate(model, val_batches, device, autocast)})
                 bar.set_postfix(loss=f"{row['loss']:.3f}", val=f"{record.evals[-1]['val_loss']:.3f}")
             if tc.checkpoint_interval and done % tc.checkpoint_interval == 0:
-                save_checkpoint(ckpt_path, model, optimizer, done, batch_gen, record)
+                save_training_state(ckpt_path, model, optimizer, done, batch_gen, record)
             _log_tensorboard(writer, done, row, record.evals[-1] if record.evals[-1]["step"] == done else None)
             bar.update(1)
             if callback is not None:
@@ -332,7 +369,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     }
     record.status = "completed"
     if out_dir is not None and start < tc.max_steps:
-        save_checkpoint(ckpt_path, model, optimizer, tc.max_steps, batch_gen, record)
+        save_training_state(ckpt_path, model, optimizer, tc.max_steps, batch_gen, record)
     _finish(record, tc, device, t_start, train_time, start, out_dir)
     record.model = model
     return record

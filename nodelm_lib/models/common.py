@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ODEConfig
-from ..nn import linear_cross_entropy
+from ..nn import DecodeCache, linear_cross_entropy
 from ..ode import SolveStats, odeint
 from ..ode.solve import FIXED_STEP_METHODS
 
@@ -44,16 +44,24 @@ class CausalLM(nn.Module):
     def body(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True, **kwargs):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True,
+                cache: DecodeCache | None = None, **kwargs):
+        """``cache`` (a ``DecodeCache``, see ``generate``): ``idx`` holds only the positions after
+        the ``cache.length`` already processed, and their state is added to the cache."""
         B, T = idx.shape
-        if T > self.cfg.max_seq_len:
+        start = cache.length if cache is not None else 0
+        if start + T > self.cfg.max_seq_len:
             raise ValueError(
-                f"sequence length {T} exceeds max_seq_len={self.cfg.max_seq_len}; "
+                f"sequence length {start + T} exceeds max_seq_len={self.cfg.max_seq_len}; "
                 "crop the context or build the model with a larger max_seq_len"
             )
-        pos = torch.arange(T, device=idx.device)
+        pos = torch.arange(start, start + T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
-        h = self.ln_f(self.body(x, **kwargs))
+        if cache is None:
+            h = self.ln_f(self.body(x, **kwargs))
+        else:
+            with cache.step(T):
+                h = self.ln_f(self.body(x, **kwargs))
         if targets is not None and not return_logits:
             return None, linear_cross_entropy(h.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1))
         logits = self.lm_head(h)

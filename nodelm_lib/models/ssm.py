@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..nn import ModulatedLinear
+from ..nn import ModulatedLinear, active_cache
 
 # --------------------------------------------------------------------------- scans
 
@@ -191,6 +191,12 @@ class SelectiveSSM(nn.Module):
         delta = F.softplus(delta)  # (B, T, D)
         a = torch.exp(delta[..., None] * self.A_at(h))  # (B, T, D, N), in (0, 1)
         b = (delta * x)[..., None] * B_s[:, :, None, :]  # (B, T, D, N)
+        cache = active_cache()
+        slot = cache.slot() if cache is not None else None
+        if slot is not None and "state" in slot:  # continue from the last cached position
+            b = torch.cat([b[:, :1] + a[:, :1] * slot["state"][:, None], b[:, 1:]], dim=1)
         states = scan(a, b)
+        if slot is not None:
+            slot["state"] = states[:, -1]
         y = torch.einsum("btdn,btn->btd", states, C_s) + self.D_at(h) * x
         return self.out_proj(y * F.silu(z), h)

@@ -1,0 +1,110 @@
+"""Autoregressive decoding for every arch, with a KV cache for discrete and ODE blocks alike.
+
+For a causal model integrated on a fixed grid, every solver stage at position i depends
+only on positions <= i, so the keys and values of each (step, stage) evaluation of the field
+can be cached exactly like those of a discrete layer; so can ti_ssm's recurrent state and
+the time-dependent weights of node / ti_* (they depend on t alone). ``nn.DecodeCache`` holds
+one slot per call site; a new token then costs one pass over one position.
+
+Positions are absolute (learned position embeddings), so when the sequence outgrows
+``max_seq_len`` the context is cropped to the last ``max_seq_len`` tokens and the cache is
+rebuilt from them: every later token costs a full pass over the window, exactly as without a
+cache, and the tokens are the same either way.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .models.common import CausalLM
+from .nn import DecodeCache
+from .ode.solve import FIXED_STEP_METHODS
+
+
+def cache_unsupported_reason(model: CausalLM) -> str | None:
+    """Why ``model`` cannot decode with a cache (an ODE block on an adaptive method), or None."""
+    for name, module in model.named_modules():
+        ode = getattr(module, "ode", None)
+        if ode is not None and getattr(ode, "method", None) not in FIXED_STEP_METHODS:
+            return (f"{name} is solved with the adaptive method {ode.method!r}, whose steps depend on the input: "
+                    f"cached states of earlier passes would sit on another grid. Use use_cache=False, or a "
+                    f"fixed-step method (model.set_ode(method='rk4', n_steps=...); one of "
+                    f"{', '.join(FIXED_STEP_METHODS)})")
+    return None
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row from ``logits`` (B, V): greedy at ``temperature=0``, else softmax of
+    logits / temperature restricted to the ``top_k`` largest and/or the smallest set whose
+    probability reaches ``top_p`` (nucleus; the most likely token is always kept)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the tokens before it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+def _check_args(model, idx, max_new_tokens, temperature, top_k, top_p) -> None:
+    if not isinstance(model, CausalLM):
+        raise TypeError(f"model must be a nodelm CausalLM (from nl.build_model), got {type(model).__name__}")
+    if idx.ndim != 2 or idx.dtype != torch.long or idx.shape[1] == 0:
+        raise ValueError(f"idx must be a non-empty (B, T) int64 tensor, got shape {tuple(idx.shape)} {idx.dtype}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} is not valid; it must be >= 0")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} is not valid; it must be >= 0 (0 is greedy)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} is not valid; it must be >= 1 (or None)")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p} is not valid; it must be in (0, 1] (or None)")
+
+
+@torch.no_grad()
+def generate(model: CausalLM, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
+             generator: torch.Generator | None = None, return_logits: bool = False, **model_kwargs):
+    """Extend ``idx`` (B, T) by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens).
+
+    ``temperature=0`` is greedy decoding; ``top_k`` / ``top_p`` restrict sampling;
+    ``generator`` makes sampling reproducible. ``use_cache=False`` recomputes the whole
+    window for every token (the reference the cache is tested against). ``return_logits``
+    also returns the logits each new token was drawn from, (B, max_new_tokens, V).
+    ``model_kwargs`` go to every forward (e.g. the hybrid's ``control``). The model is put in
+    eval mode for the call and restored afterwards.
+    """
+    _check_args(model, idx, max_new_tokens, temperature, top_k, top_p)
+    if use_cache and (reason := cache_unsupported_reason(model)):
+        raise ValueError(f"cannot decode with a cache: {reason}")
+    window = model.cfg.max_seq_len
+    was_training = model.training
+    model.eval()
+    out, cache, steps_logits = idx, None, []
+    try:
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = model(out[:, -window:], **model_kwargs)
+            elif cache is None or cache.length == window:  # first pass, or the window is full: rebuild
+                cache = DecodeCache(window)
+                logits, _ = model(out[:, -window:], cache=cache, **model_kwargs)
+            else:
+                logits, _ = model(out[:, -1:], cache=cache, **model_kwargs)
+            last = logits[:, -1]
+            steps_logits.append(last)
+            out = torch.cat([out, sample_next(last, temperature, top_k, top_p, generator)], dim=1)
+    finally:
+        model.train(was_training)
+    if return_logits:
+        empty = idx.new_zeros(idx.shape[0], 0, model.cfg.vocab_size, dtype=torch.float32)
+        return out, torch.stack(steps_logits, dim=1) if steps_logits else empty
+    return out
