@@ -1,0 +1,241 @@
+"""Spectral analysis (analysis/spectral.py) against independent computations.
+
+- the eigenvalues of the QK / OV / FF products equal numpy's, computed from the raw parameters
+  with the time code, hypernetwork and gates re-implemented here in numpy, and with the full
+  D x D matrices of the bilinear / linear maps (not the d_h x d_h twins the library uses);
+- the weights read at the solver's grid reproduce the model's logits through a hand-written
+  Euler forward pass (and node's ``evaluate_at`` blocks), and a shifted grid does not;
+- the field's Jacobian (reverse mode) equals torch.func.jacfwd's; block, full and Arnoldi spectra agree.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import nodelm_lib as nl
+from nodelm_lib.analysis import spectral as sp
+from nodelm_lib.nn import causal_attention
+
+D, H, N_STEPS = 16, 2, 3
+
+
+def small_model(arch="node", method="euler", n_steps=N_STEPS, modulation="time", seed=0, d_model=D):
+    torch.manual_seed(seed)
+    cfg = nl.ModelConfig(arch=arch, vocab_size=32, d_model=d_model, n_heads=H, n_layers=n_steps, max_seq_len=16,
+                         time_features=4, time_hidden=8, hyper_dim=2, modulation=modulation,
+                         ode=nl.ODEConfig(method=method, n_steps=n_steps))
+    model = nl.build_model(cfg)
+    with torch.no_grad():  # perturbed randomly: O(1) time dependence, nonzero biases and norm scales
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model.eval()
+
+
+# --------------------------------------------------------------------------- numpy reference
+
+
+def np_(tensor):
+    return tensor.detach().double().numpy()
+
+
+def np_linear(layer, x):
+    return x @ np_(layer.weight).T + (0 if layer.bias is None else np_(layer.bias))
+
+
+def np_time_code(t, n_features):
+    half = n_features // 2
+    freqs = np.exp(np.linspace(0.0, math.log(8.0), half))
+    return np.concatenate([np.sin(freqs * t), np.cos(freqs * t), [t]])
+
+
+def np_weights(model, t):
+    """(W_qkv, W_o, W_1, W_2) at time t from the raw parameters, in numpy float64."""
+    f = model.field
+    if model.cfg.arch == "node":
+        code = np_time_code(t, f.time_features)
+
+        def weight(layer):  # W(t) = B + sum_k e_k(t) A_k, e = Linear(SiLU(Linear(code)))
+            hidden = np_linear(layer.coefficients[0], code)
+            e = np_linear(layer.coefficients[2], hidden / (1 + np.exp(-hidden)))
+            return np_(layer.weight) + np.einsum("k,koi->oi", e, np_(layer.weight_basis))
+
+        layers = (f.attn.c_attn, f.attn.c_proj, f.mlp.c_fc, f.mlp.c_proj)
+    else:
+        pre = np_linear(f.modulation.net[0], np_time_code(t, f.modulation.n_features))
+        h = pre / (1 + np.exp(-pre))
+
+        def weight(layer):  # W_base * sigmoid(R h + r + (C h)^T)
+            logits = np_linear(layer.row_gate, h)[:, None] + np_linear(layer.col_gate, h)[None, :]
+            return np_(layer.weight) / (1 + np.exp(-logits))
+
+        layers = (f.attn.c_attn, f.attn.c_proj, f.mixer.c_fc, f.mixer.c_proj)
+    return [weight(layer) for layer in layers]
+
+
+def nonzero_eigs(M, rank):
+    """The ``rank`` eigenvalues of largest modulus (the rest are zero: M has that rank)."""
+    e = np.linalg.eigvals(M)
+    return e[np.argsort(-np.abs(e))][:rank]
+
+
+def assert_same_multiset(a, b, tol):
+    a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
+    assert a.shape == b.shape
+    for x in a:  # every eigenvalue has a partner, and the partners are distinct
+        j = np.argmin(np.abs(b - x))
+        assert abs(b[j] - x) <= tol * max(1.0, abs(x)), (x, b)
+        b = np.delete(b, j)
+
+
+@pytest.mark.parametrize("arch", ["node", "ti_mlp"])
+def test_weight_spectra_equal_numpy_eigenvalues_of_the_full_maps(arch):
+    model = small_model(arch).double()  # float64 weights; the time code itself is float32 (nn.time_code), so 1e-6
+    dh = D // H
+    units = 5
+    spec = sp.weight_spectra(model, ff_units=units, seed=3)
+    full_ff = sp.weight_spectra(model)
+    assert np.allclose(spec.times, np.arange(N_STEPS) / N_STEPS)
+    for i, t in enumerate(spec.times):
+        w_qkv, w_o, w_1, w_2 = np_weights(model, t)
+        w_q, w_k, w_v = w_qkv[:D], w_qkv[D:2 * D], w_qkv[2 * D:]
+        for h in range(H):
+            rows = slice(h * dh, (h + 1) * dh)
+            qk = w_q[rows].T @ w_k[rows]  # score x_i^T (W_Q^h^T W_K^h) x_j: D x D, rank d_h
+            ov = w_o[:, rows] @ w_v[rows]  # head h's value-to-output map: D x D, rank d_h
+            assert_same_multiset(spec.qk[i, h], nonzero_eigs(qk, dh), 1e-6)
+            assert_same_multiset(spec.ov[i, h], nonzero_eigs(ov, dh), 1e-6)
+        S = spec.ff_units
+        assert len(S) == units and len(set(S)) == units
+        assert_same_multiset(spec.ff[i], nonzero_eigs(w_2[:, S] @ w_1[S], units), 1e-6)
+        assert_same_multiset(full_ff.ff[i], np.linalg.eigvals(w_2 @ w_1), 1e-6)  # M = 4D > D: the D x D product
+
+    table = spec.summary()
+    assert set(table.kind) == {"qk", "ov", "ff"} and len(table) == N_STEPS * (2 * H + 1)
+    row = table[(table.kind == "qk") & (table["head"] == 1) & (table.step == 2)].iloc[0]
+    e = spec.qk[2, 1]
+    assert row.spectral_radius == pytest.approx(np.abs(e).max()) and row.mean_abs == pytest.approx(np.abs(e).mean())
+    assert row.frac_pos_real == pytest.approx((e.real > 0).mean())
+    assert len(spec.eigenvalues()) == N_STEPS * (2 * H * dh + units)
+
+
+def test_fold_layernorm_scales_the_input_columns():
+    model = small_model("node").double()
+    w = sp.layer_weights(model, torch.tensor(0.5, dtype=torch.float64))
+    g1 = w.ln_1[0].numpy()
+    folded = sp.weight_spectra(model, times=torch.tensor([0.5], dtype=torch.float64), fold_layernorm=True)
+    rows = slice(0, D // H)
+    qk = (w.w_q.numpy()[rows] * g1).T @ (w.w_k.numpy()[rows] * g1)
+    assert_same_multiset(folded.qk[0, 0], nonzero_eigs(qk, D // H), 1e-6)
+
+
+def euler_forward_from_weights(model, idx, times):
+    """The model's Euler solve written out by hand from ``layer_weights`` at ``times``."""
+    x = model.wte(idx) + model.wpe(torch.arange(idx.shape[1]))
+    dt = 1.0 / len(times)
+    for t in times:
+        w = sp.layer_weights(model, t)
+        a = F.layer_norm(x, (D,), *w.ln_1)
+        qkv = F.linear(a, torch.cat([w.w_q, w.w_k, w.w_v]), w.b_qkv)
+        attn = F.linear(causal_attention(qkv, H), w.w_o, w.b_o)
+        b = F.layer_norm(x, (D,), *w.ln_2)
+        mlp = F.linear(F.gelu(F.linear(b, w.w_1, w.b_1)), w.w_2, w.b_2)
+        x = x + dt * (attn + mlp)
+    return model.lm_head(model.ln_f(x))
+
+
+@pytest.mark.parametrize("arch", ["node", "ti_mlp"])
+def test_weights_on_the_solver_grid_reproduce_the_logits(arch):
+    model = small_model(arch)
+    idx = torch.randint(0, 32, (2, 7))
+    grid = sp.solver_grid(model)
+    assert torch.equal(grid, sp.field_times(model))  # Euler: one field evaluation per step, at t_i
+    logits, _ = model(idx)
+    with torch.no_grad():
+        mine = euler_forward_from_weights(model, idx, grid)
+        shifted = euler_forward_from_weights(model, idx, grid + 1.0 / N_STEPS)  # the right endpoints
+    assert torch.allclose(mine, logits, atol=1e-5), (mine - logits).abs().max()
+    assert (shifted - logits).abs().max() > 1e-3  # the check can tell grids apart
+    if arch == "node":  # evaluate_at(n) exports W(t_i) into block i (output projections times dt)
+        gpt = model.evaluate_at()
+        for t, block in zip(grid, gpt.blocks):
+            w = sp.layer_weights(model, t)
+            assert torch.equal(block.attn.c_attn.weight, torch.cat([w.w_q, w.w_k, w.w_v]))
+            assert torch.equal(block.mlp.c_fc.weight, w.w_1)
+            assert torch.allclose(block.attn.c_proj.weight, w.w_o / N_STEPS)
+
+
+def test_grid_follows_the_solver_and_the_switches():
+    rk4 = small_model("ti_mlp", method="rk4")
+    grid = sp.solver_grid(rk4)
+    evals = sp.field_times(rk4)
+    assert len(evals) == 4 * N_STEPS and torch.equal(evals[::4], grid)  # stage 1 of every step is at t_i
+    constant = small_model("node", modulation="constant")
+    spec = sp.weight_spectra(constant)
+    assert np.allclose(spec.times, np.arange(N_STEPS) / N_STEPS) and np.all(spec.field_times == 0)
+    assert np.allclose(spec.qk[0], spec.qk[-1])  # every step reads W(0)
+    with pytest.raises(ValueError, match="continuous-depth"):
+        sp.weight_spectra(nl.build_model(nl.ModelConfig(arch="gpt", vocab_size=32, d_model=D, n_heads=H)))
+
+
+def test_ti_ssm_weights_have_attention_spectra_only():
+    model = small_model("ti_ssm")
+    spec = sp.weight_spectra(model)
+    assert spec.ff is None and spec.qk.shape == (N_STEPS, H, D // H)
+    with pytest.raises(ValueError, match="ti_ssm"):
+        sp.jacobian_spectra(model, torch.tensor([1, 2]), mode="arnoldi")
+
+
+def test_field_jacobian_and_its_spectra():
+    model = small_model("node", method="rk4", d_model=8)
+    idx = torch.randint(0, 32, (5,), generator=torch.Generator().manual_seed(1))
+    m = sp.analysis_model(model)
+    times, states = sp.trajectory(m, idx.reshape(1, -1))
+    assert len(times) == N_STEPS + 1 and torch.equal(times[:-1].float(), sp.solver_grid(model))
+    logits, _ = model(idx.reshape(1, -1))
+    assert torch.allclose(m.lm_head(m.ln_f(states[-1])).float(), logits, atol=1e-5)  # the same solve
+
+    t, x = times[1], states[1]
+    J = sp.field_jacobian(m, t, x)
+    with sdpa_kernel(SDPBackend.MATH):  # forward mode as the independent reference (the library uses reverse)
+        ref = torch.func.jacfwd(lambda y: m.ode_block.vector_field(t, y))(x).reshape(x.numel(), -1)
+    assert torch.allclose(J, ref, atol=1e-12)
+    T, Dm = x.shape[1:]
+    upper = J.reshape(T, Dm, T, Dm).permute(0, 2, 1, 3)[torch.triu_indices(T, T, 1).unbind()]
+    assert upper.abs().max() == 0  # causal: block lower-triangular
+
+    blocks = sp.jacobian_spectra(model, idx, mode="blocks")
+    full = sp.jacobian_spectra(model, idx, mode="full")
+    for a, b in zip(blocks.eigenvalues, full.eigenvalues):
+        assert_same_multiset(a, b, 1e-6)
+    assert np.allclose(blocks.spectral_norm, full.spectral_norm)
+    assert full.spectral_norm[1] == pytest.approx(float(torch.linalg.matrix_norm(ref, ord=2)), rel=1e-10)
+    assert_same_multiset(full.eigenvalues[1], np.linalg.eigvals(ref.numpy()), 1e-6)
+
+    summary = full.summary()
+    assert list(summary.t) == pytest.approx(list(times[:-1].numpy())) and (summary.kind == "jacobian").all()
+
+
+def test_matrix_free_spectra_are_exact_with_a_full_krylov_space():
+    # one step and three tokens keep the JVPs few (forward-mode AD is slow per op on CPU)
+    model = small_model("ti_mlp", n_steps=1, d_model=8)
+    idx = torch.tensor([3, 1, 4])
+    full = sp.jacobian_spectra(model, idx, mode="full")
+    arnoldi = sp.jacobian_spectra(model, idx, mode="arnoldi", n_krylov=3 * 8)
+    # the layer norms make f(x) invariant to adding a constant to any token's state (and, up to their
+    # eps, to scaling it): J has a null space of dimension >= T, of which a Krylov space holds only
+    # one direction (Arnoldi stops once its space is invariant)
+    nonzero = lambda e: e[np.abs(e) > 1e-9]  # noqa: E731
+    assert (np.abs(full.eigenvalues[0]) < 1e-9).sum() >= len(idx)
+    assert_same_multiset(nonzero(arnoldi.eigenvalues[0]), nonzero(full.eigenvalues[0]), 1e-8)
+    assert arnoldi.spectral_norm[0] == pytest.approx(full.spectral_norm[0], rel=1e-10)
+
+
+def test_depth_trend():
+    df = __import__("pandas").DataFrame(dict(model="m", kind="qk", head=0, t=[0.0, 0.5, 1.0], mean_abs=[1.0, 2.0, 3.0]))
+    row = sp.depth_trend(df).iloc[0]
+    assert row.spearman == pytest.approx(1.0) and row.slope == pytest.approx(2.0)
+    assert row.ratio == 3.0 and row.monotone_up
