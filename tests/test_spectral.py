@@ -11,6 +11,7 @@
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -239,3 +240,99 @@ def test_depth_trend():
     row = sp.depth_trend(df).iloc[0]
     assert row.spearman == pytest.approx(1.0) and row.slope == pytest.approx(2.0)
     assert row.ratio == 3.0 and row.monotone_up
+
+
+@pytest.mark.parametrize("arch", ["node", "ti_mlp"])
+def test_head_slices_are_the_heads_attention_computes(arch):
+    # independent of the slicing convention shared by the library and the numpy reference above:
+    # the q, k that scaled_dot_product_attention receives per head and its per-head outputs, as the
+    # field computes them, against the library's per-head W_Q^h, W_K^h and W_O[:, h]
+    from unittest import mock
+
+    model = small_model(arch).double()
+    t = sp.solver_grid(model)[1]
+    w = sp.layer_weights(model, t)
+    x = torch.randn(1, 5, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    seen, sdpa = {}, F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.update(q=q[0], k=k[0], out=sdpa(q, k, v, **kw)[0])  # (H, T, d_h)
+        return sdpa(q, k, v, **kw)
+
+    field = model.ode_block.field
+    hook = field.attn.register_forward_hook(lambda module, args, out: seen.update(attn=out[0]))
+    try:
+        with torch.no_grad(), mock.patch.object(F, "scaled_dot_product_attention", spy):
+            model.ode_block.vector_field(t, x)
+    finally:
+        hook.remove()
+    a = F.layer_norm(x[0], (D,), *w.ln_1)  # what attention reads
+    b_q, b_k = (w.b_qkv[i * D:(i + 1) * D].reshape(H, -1) for i in range(2))
+    w_q, w_k, o = sp._heads(w.w_q, H), sp._heads(w.w_k, H), sp._heads(w.w_o.T, H)  # o[h] = W_O[:, h]^T
+    for h in range(H):
+        assert torch.allclose(seen["q"][h], a @ w_q[h].T + b_q[h], atol=1e-12)
+        assert torch.allclose(seen["k"][h], a @ w_k[h].T + b_k[h], atol=1e-12)
+    assert torch.allclose(sum(seen["out"][h] @ o[h] for h in range(H)) + w.b_o, seen["attn"], atol=1e-12)
+
+
+def test_numerically_zero_eigenvalues_are_not_counted_positive():
+    # the field Jacobian's layer-norm null directions come out as +-1e-16 x rho: their sign is rounding
+    eigs = np.array([2.0, -1.0, 1e-17, -3e-17, 5e-17 + 1e-16j])
+    row = sp.summarize(eigs)
+    assert row["frac_pos_real"] == pytest.approx(1 / 5)
+    assert row["spectral_radius"] == 2.0 and row["mean_abs"] == pytest.approx(3.0 / 5, rel=1e-12)
+    model = small_model("ti_mlp", n_steps=1, d_model=8)
+    e = sp.jacobian_spectra(model, torch.tensor([3, 1, 4]), mode="full").eigenvalues[0]
+    assert (np.abs(e) < 1e-12 * np.abs(e).max()).sum() == 3  # one per token
+
+
+def test_residual_integration_scales_the_field_not_the_weights():
+    ode, residual = small_model("ti_mlp"), small_model("ti_mlp")
+    residual.ode_block.integration = "residual"
+    a, b = sp.weight_spectra(ode), sp.weight_spectra(residual)
+    assert np.allclose(a.ov, b.ov) and np.allclose(a.ff, b.ff)  # the layers' weights
+    assert a.field_scale == 1.0 and b.field_scale == N_STEPS
+    t, x = torch.tensor(0.5), torch.randn(1, 4, D)
+    with torch.no_grad():  # dx/dt = field_scale x the field whose weights these are
+        assert torch.allclose(residual.ode_block.vector_field(t, x), b.field_scale * residual.field(t, x))
+
+
+def test_dynamics_summary_against_the_spectra():
+    from nodelm_lib.analysis import lyapunov as ly
+
+    models = {arch: small_model(arch, n_steps=2, d_model=8) for arch in ("node", "ti_ssm")}
+    idx = torch.tensor([3, 1, 4, 1])
+    spec = {a: sp.weight_spectra(m) for a, m in models.items()}
+    jac = {a: sp.jacobian_spectra(m, idx, n_krylov=8) for a, m in models.items()}
+    sens = {a: ly.token_sensitivity(m, idx) for a, m in models.items()}
+    tok = {a: ly.token_lyapunov_spectrum(m, idx, position=2) for a, m in models.items()}
+    spectral = pd.concat([s.summary().assign(model=a) for a, s in spec.items()]
+                         + [j.summary().assign(model=a) for a, j in jac.items()])
+    lyapunov = pd.concat([s.frame().assign(model=a, analysis="sensitivity") for a, s in sens.items()]
+                         + [s.frame().assign(model=a, analysis="token_spectrum") for a, s in tok.items()])
+    table = sp.dynamics_summary(spectral, lyapunov)
+    assert list(table.columns) == list(sp.SUMMARY_COLUMNS)
+    assert list(zip(table.model, table.analysis)) == [
+        ("node", k) for k in ("qk", "ov", "ff", "jacobian", "sensitivity", "token_spectrum")] + [
+        ("ti_ssm", k) for k in ("qk", "ov", "jacobian", "sensitivity", "token_spectrum")]
+    row = table.set_index(["model", "analysis"])
+    s = spec["node"]
+    for kind in ("qk", "ov", "ff"):
+        first, last = np.abs(getattr(s, kind)[0]), np.abs(getattr(s, kind)[-1])  # every head's eigenvalues pooled
+        r = row.loc[("node", kind)]
+        assert (r.t_first, r.t_last) == (0.0, 0.5)
+        assert r.mean_abs_first == pytest.approx(first.mean()) and r.mean_abs_last == pytest.approx(last.mean())
+        assert r.radius_ratio == pytest.approx(last.max() / first.max())
+        assert r.mean_abs_ratio == pytest.approx(last.mean() / first.mean())
+    grows = np.abs(s.qk[-1]).mean(-1) > np.abs(s.qk[0]).mean(-1)
+    assert row.loc[("node", "qk"), "heads_growing"] == f"{grows.sum()}/{H}"
+    j = jac["ti_ssm"]
+    r = row.loc[("ti_ssm", "jacobian")]
+    assert (r.radius_min, r.radius_max) == pytest.approx((j.spectral_radius.min(), j.spectral_radius.max()))
+    assert r.radius_first == pytest.approx(j.spectral_radius[0]) and np.isnan(r.max_exponent)
+    r = row.loc[("node", "sensitivity")]
+    lower = sens["node"].exponent[np.tril_indices(len(idx))]
+    assert r.max_exponent == pytest.approx(lower.max()) and r.n_positive == f"{(lower > 0).sum()}/{lower.size}"
+    r, svd = row.loc[("ti_ssm", "token_spectrum")], tok["ti_ssm"].svd
+    assert r.max_exponent == pytest.approx(svd[0]) and r.exponent_sum == pytest.approx(svd.sum())
+    assert np.isnan(r.mean_abs_first)

@@ -24,9 +24,12 @@ vmapped JVP Jacobian of a small LM field took 10-70x longer than the reverse-mod
 **Language models** (``token_sensitivity``, ``token_lyapunov_spectrum``): the state is the
 whole embedded sequence x (1, T, D), the field ``model.ode_block.vector_field`` (ablation
 switches applied), the method and number of steps the model's own ``ode`` config, over the
-solver's interval [0, 1] (tau = 1). Jacobians (of one step map, or of the whole flow) are formed
-explicitly by reverse mode (``jacobian_rows``). Causal attention makes every Jacobian block
-lower-triangular over positions: x_i(1) depends on x_j(0) for j <= i only. Over one unit of
+solver's interval [0, 1] (tau = 1). The log growth is divided by that depth time, not by the
+number of steps: rates per unit of depth t, which for one flow converge as dt -> 0, where a
+per-step rate would shrink like 1 / n_steps (divide by n_steps for a per-layer rate). Jacobians
+(of one step map, or of the whole flow) are formed explicitly by reverse mode (``jacobian_rows``).
+Causal attention makes every Jacobian block lower-triangular over positions: x_i(1) depends on
+x_j(0) for j <= i only. Over one unit of
 time and a handful of steps the "exponents" are finite-time growth rates of that one map; the
 docstrings below say exactly which quantity each function returns. They apply to ``ti_ssm``
 too (its scan's ``autograd.Function`` has a batchable backward, but no forward-mode rule).

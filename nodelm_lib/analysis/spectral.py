@@ -1,7 +1,11 @@
 r"""Spectra of a continuous-depth language model along depth t (Tong et al., ICLR 2025, section 5).
 
 Two analyses of ``node`` and ``ti_mlp`` models (``ti_ssm``: attention only), both on the grid the
-model's own solver uses.
+model's own solver uses: by default its **step starts** t_i (``solver_grid``; t_i = i / n for n
+steps). A multi-stage method also evaluates the field at t_i + c_j dt (rk4: t_i + dt/2 twice and
+t_i + dt, so the weights at t = 1 enter the last step); ``field_times(model)`` lists every time the
+field receives in one forward pass, and ``weight_spectra(model, times=field_times(model))`` reads
+the weights at all of them.
 
 **Weight products per head** (``weight_spectra``). At each solver time t_i the layers' weights
 are read with the layers' own ``weight_at`` (``HyperLinear.weight_at(code)`` for node,
@@ -26,6 +30,11 @@ With ``fold_layernorm=True`` the layer norms' scales are folded in: W_Q, W_K, W_
 multiplied on the right by diag(gamma_1(t)) (diag(gamma_2(t))), the maps seen by the normalised
 input. Eigenvalues are complex128, computed in float64 from the weights.
 
+These are the eigenvalues of the layers' weights. With ``integration="residual"`` the solver
+integrates ``n_steps`` times the field (``ODEBlock.vector_field``: x + f = x + dt (n f)), so the OV
+and FF maps of dx/dt are ``WeightSpectra.field_scale`` (= n_steps; 1 otherwise) times these; the
+Jacobian spectra below are of dx/dt itself and include the factor.
+
 **The vector field's Jacobian** (``jacobian_spectra``): along the trajectory of one input through
 the model's own solve (``nodelm_lib.ode.Solver`` with ``trajectory``), the Jacobian
 J_i = d f / d x of ``model.ode_block.vector_field`` (ablation switches applied) at each step start
@@ -34,7 +43,11 @@ lower-triangular over positions, so its eigenvalues are the union of those of th
 d f_p / d x_p (``mode="blocks"``, exact; ``"full"`` diagonalises the whole N x N matrix, N = T D).
 ``"arnoldi"`` is matrix-free for large d: Ritz values of a Krylov space of JVPs estimate the
 outer eigenvalues, and Golub-Kahan-Lanczos bidiagonalisation (JVPs and VJPs; power iteration on
-J^T J accelerated) the spectral norm.
+J^T J accelerated) the spectral norm. (For ``reversible_heun`` the trajectory holds the solver's
+y states; the solver itself evaluates the field at its auxiliary z states.)
+
+``dynamics_summary`` condenses both analyses and the Lyapunov tables (``lyapunov.py``) into one
+row per (model, analysis): the headline numbers of notebook 04 and its README table.
 """
 
 from __future__ import annotations
@@ -224,11 +237,20 @@ def ff_eigvals(w_1: torch.Tensor, w_2: torch.Tensor, units: np.ndarray | None = 
     return _sorted_eigvals(w_2 @ w_1)
 
 
+ZERO_TOL = 1e-9
+
+
 def summarize(eigs: np.ndarray) -> dict:
-    """Spectral radius, mean |lambda|, fraction with positive real part and the largest real part."""
+    """Spectral radius, mean |lambda|, fraction with positive real part and the largest real part.
+
+    A real part within ``ZERO_TOL`` times the spectral radius of zero counts as not positive: its
+    sign is rounding. (The field Jacobian has T exactly zero eigenvalues, one per token, as both
+    layer norms ignore a constant shift of a token's state; computed, they are +-1e-16 x rho.)
+    """
     mag = np.abs(eigs)
-    return dict(n_eigs=int(eigs.size), spectral_radius=float(mag.max()), mean_abs=float(mag.mean()),
-                frac_pos_real=float((eigs.real > 0).mean()), max_real=float(eigs.real.max()))
+    rho = float(mag.max())
+    return dict(n_eigs=int(eigs.size), spectral_radius=rho, mean_abs=float(mag.mean()),
+                frac_pos_real=float((eigs.real > ZERO_TOL * rho).mean()), max_real=float(eigs.real.max()))
 
 
 @dataclass
@@ -236,7 +258,9 @@ class WeightSpectra:
     """Eigenvalues of the weight products at each solver time (module docstring).
 
     ``qk``, ``ov`` (n_t, H, d_h) and ``ff`` (n_t, r) complex128, each row by decreasing |lambda|;
-    ``ff`` is None for ti_ssm. ``times`` the solver's times, ``field_times`` what the field saw.
+    ``ff`` is None for ti_ssm. ``times`` the solver's times, ``field_times`` what the field saw;
+    ``field_scale`` the factor between these layer-weight maps and those of dx/dt (n_steps with
+    ``integration="residual"``, else 1; module docstring).
     """
 
     arch: str
@@ -247,6 +271,7 @@ class WeightSpectra:
     ff: np.ndarray | None
     ff_units: np.ndarray | None
     fold_layernorm: bool
+    field_scale: float = 1.0
 
     def _groups(self):
         for i, t in enumerate(self.times):
@@ -273,9 +298,9 @@ class WeightSpectra:
 def weight_spectra(model, times: torch.Tensor | None = None, ff_units: int | None = None, seed: int = 0,
                    fold_layernorm: bool = False) -> WeightSpectra:
     """QK and OV eigenvalues per head and FF eigenvalues at each time of ``times`` (default: the
-    solver's step times, ``solver_grid``). ``ff_units``: use a random subset of that many hidden
-    units (the same at every t, drawn with ``seed``); None uses all."""
-    _block(model)  # a continuous-depth model with a fixed-step method
+    solver's step starts, ``solver_grid``; ``field_times(model)`` for every stage). ``ff_units``: use
+    a random subset of that many hidden units (the same at every t, drawn with ``seed``); None uses all."""
+    block = _block(model)  # a continuous-depth model with a fixed-step method
     times = solver_grid(model) if times is None else times
     H = model.cfg.n_heads
     units = None
@@ -296,7 +321,8 @@ def weight_spectra(model, times: torch.Tensor | None = None, ff_units: int | Non
             ff.append(ff_eigvals(w_1, w.w_2, units))
         ftimes.append(w.field_t)
     return WeightSpectra(model.cfg.arch, times.detach().double().cpu().numpy(), np.array(ftimes), np.stack(qk),
-                         np.stack(ov), np.stack(ff) if ff else None, units, fold_layernorm)
+                         np.stack(ov), np.stack(ff) if ff else None, units, fold_layernorm,
+                         float(block.ode.n_steps) if block.integration == "residual" else 1.0)
 
 
 def depth_trend(summary: pd.DataFrame, value: str = "mean_abs", by=("model", "kind", "head")) -> pd.DataFrame:
@@ -313,6 +339,62 @@ def depth_trend(summary: pd.DataFrame, value: str = "mean_abs", by=("model", "ki
         rows.append(dict(zip(by, key if isinstance(key, tuple) else (key,)), first=v[0], last=v[-1],
                          ratio=v[-1] / v[0], slope=slope, spearman=rho, monotone_up=bool(np.all(np.diff(v) > 0))))
     return pd.DataFrame(rows)
+
+
+SUMMARY_COLUMNS = ("model", "analysis", "t_first", "t_last", "mean_abs_first", "mean_abs_last", "mean_abs_ratio",
+                   "radius_first", "radius_last", "radius_ratio", "radius_min", "radius_max", "heads_growing",
+                   "max_exponent", "exponent_sum", "n_positive")
+
+
+def dynamics_summary(spectral: pd.DataFrame, lyapunov: pd.DataFrame) -> pd.DataFrame:
+    """The headline numbers of notebook 04, one row per (model, analysis), from its two tables:
+    ``spectral`` (``WeightSpectra.summary()`` and ``JacobianSpectra.summary()`` rows with a ``model``
+    column: ``results/spectral_<profile>.csv``) and ``lyapunov`` (``TokenSensitivity.frame()`` and
+    ``TokenSpectrum.frame()`` rows with ``model`` and ``analysis``: ``results/lyapunov_<profile>.csv``).
+
+    - ``qk``, ``ov``, ``ff``, ``jacobian``: at each t the eigenvalues of all heads pooled, their mean
+      |lambda| and spectral radius at the first and last solver time (``t_first``, ``t_last``), the
+      ratios last / first (> 1: they grow with depth, as Tong et al. report for attention), and the
+      radius's range over t. ``heads_growing`` (weights only): heads whose own mean |lambda| is
+      larger at the last t than at the first, of all heads.
+    - ``sensitivity``: ``max_exponent`` the largest S_ij = log sigma_max(d x_i(1) / d x_j(0)) over
+      j <= i, ``n_positive`` the pairs (i, j) with S_ij > 0 (a perturbation of token j that grows by
+      the time it reaches token i), of all pairs.
+    - ``token_spectrum``: the singular-value (finite-time Lyapunov) exponents of one token's block
+      d x_p(1) / d x_p(0): the largest, the sum (log|det|) and how many are positive. One row per
+      position if the table holds several (analysis ``token_spectrum@p``).
+    Cells that do not apply are NaN.
+    """
+    rows = []
+    for name in dict.fromkeys([*spectral.model, *lyapunov.model]):
+        s = spectral[spectral.model == name]
+        for kind in (*KINDS, "jacobian"):
+            g = s[s.kind == kind].sort_values(["t", "head"])
+            if g.empty:
+                continue
+            per_t = g.assign(sum_abs=g.mean_abs * g.n_eigs).groupby("t").agg(
+                sum_abs=("sum_abs", "sum"), n=("n_eigs", "sum"), radius=("spectral_radius", "max"))
+            mean_abs, radius = (per_t.sum_abs / per_t.n).to_numpy(), per_t.radius.to_numpy()
+            row = dict(model=name, analysis=kind, t_first=per_t.index[0], t_last=per_t.index[-1],
+                       mean_abs_first=mean_abs[0], mean_abs_last=mean_abs[-1],
+                       mean_abs_ratio=mean_abs[-1] / mean_abs[0], radius_first=radius[0], radius_last=radius[-1], radius_ratio=radius[-1] / radius[0],
+                       radius_min=radius.min(), radius_max=radius.max())
+            if kind != "jacobian":
+                grows = g.groupby("head").mean_abs.agg(lambda v: v.iloc[-1] > v.iloc[0])
+                row["heads_growing"] = f"{int(grows.sum())}/{len(grows)}"
+            rows.append(row)
+        ly_ = lyapunov[lyapunov.model == name]
+        S = ly_[ly_.analysis == "sensitivity"].exponent.to_numpy(float)
+        if S.size:
+            rows.append(dict(model=name, analysis="sensitivity", max_exponent=np.nanmax(S),
+                             n_positive=f"{int((S > 0).sum())}/{S.size}"))
+        spectra = ly_[ly_.analysis == "token_spectrum"]
+        for position, g in spectra.groupby("position", sort=False):
+            svd = g.sort_values("index").svd.to_numpy(float)
+            label = "token_spectrum" if spectra.position.nunique() == 1 else f"token_spectrum@{int(position)}"
+            rows.append(dict(model=name, analysis=label, max_exponent=svd.max(), exponent_sum=svd.sum(),
+                             n_positive=f"{int((svd > 0).sum())}/{svd.size}"))
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
 
 # --------------------------------------------------------------------------- the field's Jacobian
