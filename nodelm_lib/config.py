@@ -171,14 +171,25 @@ def model_preset(name: str, arch: str = "gpt", **overrides: Any) -> ModelConfig:
     fields and win over the preset.
     """
     _check_choice("preset", name, tuple(PRESETS))
-    values = dict(PRESETS[name], arch=arch)
-    n = values["n_layers"]
+    base = dataclasses.replace(ModelConfig(), **{k: v for k, v in PRESETS[name].items()})
+    return dataclasses.replace(for_arch(base, arch), **overrides)
+
+
+def for_arch(cfg: ModelConfig, arch: str) -> ModelConfig:
+    """``cfg``'s width, depth and options for another ``arch``, with that arch's depth
+    convention: continuous archs take ``ode.n_steps = n_layers`` (same ODE method otherwise),
+    the hybrid replaces the middle third of its ``n_layers``. Options of other archs
+    (modulation, integration) go back to their defaults where ``arch`` does not have them."""
+    _check_choice("model.arch", arch, ARCHS)
+    n = cfg.n_layers
+    values: dict[str, Any] = {"arch": arch}
     if arch in CONTINUOUS_ARCHS:
-        values["ode"] = ODEConfig(n_steps=n)
+        values.update(ode=dataclasses.replace(cfg.ode, n_steps=n), parallel=False)
+    else:
+        values.update(modulation="time", integration="ode")
     if arch == "hybrid":
         values.update(ode_start=n // 3, ode_end=n - n // 3)
-    values.update(overrides)
-    return ModelConfig(**values)
+    return dataclasses.replace(cfg, **values)
 
 
 @dataclass
@@ -330,18 +341,30 @@ def load_yaml(path: str | Path, cls: type = None) -> Any:
 
 def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
     """Return a copy of ``cfg`` with ``"a.b=value"`` overrides applied (values parsed as YAML)."""
-    d = to_dict(cfg)
+    values = {}
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key=value, e.g. model.arch=hybrid")
         key, raw = item.split("=", 1)
+        values[key.strip()] = yaml.safe_load(raw)
+    return with_values(cfg, values)
+
+
+def with_values(cfg: Any, values: dict[str, Any]) -> Any:
+    """A copy of ``cfg`` with dotted keys set: ``with_values(tc, {"model.arch": "node", "seed": 1})``.
+
+    A value may be a whole config (``{"model": ModelConfig(...)}``); the result is validated
+    like any new config, so an invalid combination fails here.
+    """
+    d = to_dict(cfg)
+    for key, value in values.items():
         node = d
-        parts = key.strip().split(".")
+        parts = key.split(".")
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):
                 raise ValueError(f"unknown key {key!r}: {part!r} is not a config section")
             node = node[part]
         if parts[-1] not in node:
             raise ValueError(f"unknown key {key!r}; valid keys here: {', '.join(node)}")
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = to_dict(value) if dataclasses.is_dataclass(value) else value
     return from_dict(type(cfg), d)

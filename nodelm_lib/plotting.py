@@ -47,3 +47,69 @@ def save_figure(fig: plt.Figure, path_stem: str | Path) -> list[Path]:
     fig.savefig(paths[0], bbox_inches="tight", metadata={"Software": None})
     fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None, "Producer": None, "Creator": None})
     return paths
+
+
+# --------------------------------------------------------------------------- multi-seed figures
+
+
+def _arm_stats(runs, metric: str, order):
+    from .stats import mean_ci
+
+    arms = list(order) if order is not None else list(dict.fromkeys(runs["arm"]))
+    stats = [mean_ci(runs.loc[runs["arm"] == a, metric].astype(float)) for a in arms]
+    return arms, stats
+
+
+def plot_arm_metric(ax: plt.Axes, runs, metric: str, order=None, label: str | None = None) -> None:
+    """Mean of ``metric`` per arm with its t-based 95% CI as an error bar, and every seed as
+    a dot (same x jitter for every arm, so a seed's runs can be followed across arms)."""
+    arms, stats = _arm_stats(runs, metric, order)
+    x = np.arange(len(arms))
+    means = [s["mean"] for s in stats]
+    halves = [0.0 if np.isnan(s["ci_half"]) else s["ci_half"] for s in stats]
+    ax.errorbar(x, means, yerr=halves, fmt="o", color="black", capsize=4, zorder=3, label="mean ± 95% CI")
+    seeds = sorted(runs["seed"].unique())
+    jitter = dict(zip(seeds, np.linspace(-0.15, 0.15, len(seeds)) if len(seeds) > 1 else [0.0]))
+    for i, arm in enumerate(arms):
+        rows = runs[runs["arm"] == arm]
+        ax.scatter(i + rows["seed"].map(jitter), rows[metric], s=12, alpha=0.5, color="C0", zorder=2)
+    ax.set_xticks(x, arms, rotation=30, ha="right")
+    ax.set_ylabel(label or metric)
+
+
+def plot_efficiency(ax: plt.Axes, runs, x_metric: str, y_metric: str, order=None, x_label: str | None = None,
+                    y_label: str | None = None) -> None:
+    """Each arm at (mean ``x_metric``, mean ``y_metric`` ± 95% CI), labelled: e.g. parameters
+    against loss, to see whether an arm is better or only smaller."""
+    arms, y_stats = _arm_stats(runs, y_metric, order)
+    _, x_stats = _arm_stats(runs, x_metric, order)
+    for i, (arm, xs, ys) in enumerate(zip(arms, x_stats, y_stats)):
+        half = 0.0 if np.isnan(ys["ci_half"]) else ys["ci_half"]
+        ax.errorbar(xs["mean"], ys["mean"], yerr=half, fmt="o", capsize=4, color=f"C{i % 6}")
+        ax.annotate(arm, (xs["mean"], ys["mean"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xlabel(x_label or x_metric)
+    ax.set_ylabel(y_label or y_metric)
+
+
+def plot_curves(ax: plt.Axes, curves, x: str = "step", y: str = "val_loss", order=None, band: str = "ci") -> None:
+    """Mean curve per arm over seeds with a band: the t-based 95% CI of the mean
+    (``band="ci"``) or the range over seeds (``"range"``). ``curves`` is long format
+    (arm, seed, ``x``, ``y``; ``experiment.curves``)."""
+    from .stats import mean_ci
+
+    arms = list(order) if order is not None else list(dict.fromkeys(curves["arm"]))
+    for i, arm in enumerate(arms):
+        rows = curves[curves["arm"] == arm]
+        grid = sorted(rows[x].unique())
+        values = [rows.loc[rows[x] == g, y].astype(float).to_numpy() for g in grid]
+        mean = np.array([v.mean() for v in values])
+        if band == "range":
+            lo, hi = np.array([v.min() for v in values]), np.array([v.max() for v in values])
+        else:
+            half = np.array([mean_ci(v)["ci_half"] if len(v) > 1 else 0.0 for v in values])
+            lo, hi = mean - half, mean + half
+        ax.plot(grid, mean, color=f"C{i % 6}", label=arm)
+        ax.fill_between(grid, lo, hi, color=f"C{i % 6}", alpha=0.2, linewidth=0)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.legend()

@@ -81,3 +81,33 @@ def _proc_status_mb(key: str) -> float:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024  # kB
     raise RuntimeError(f"{key} not found in /proc/self/status")
+
+
+def forward_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
+    """Floating-point operations of one forward pass per token, counted by
+    ``torch.utils.flop_counter`` on a batch of one ``seq_len`` sequence (in eval mode).
+
+    Counts matrix products and attention (2 per multiply-add; attention as a full T x T
+    product, the convention of flash-attention counts, so causal masking is not credited,
+    and the same on CPU and CUDA), as is conventional; elementwise
+    work (norms, activations, the SSM scan's recurrence, solver updates) is left out. Every
+    field evaluation of an ODE block is counted, so it reflects the solver's stages and steps.
+    Parameters that are computed from t alone (hypernetwork weights) count once per pass.
+    """
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    def cpu_flash_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    # torch counts the CUDA attention kernels but not the CPU one; count it the same way
+    custom = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash_attention}
+    device = next(model.parameters()).device
+    idx = torch.zeros(1, seq_len, dtype=torch.long, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=custom) as counter:
+            model(idx, return_logits=True)
+    finally:
+        model.train(was_training)
+    return counter.get_total_flops() / seq_len

@@ -37,6 +37,7 @@ from . import __version__
 from .config import TrainConfig, from_dict, to_dict
 from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch
 from .models import CausalLM, build_model
+from .profiling import forward_flops_per_token
 
 CHECKPOINT_NAME = "checkpoint.pt"
 RECORD_NAME = "record.json"
@@ -59,15 +60,17 @@ class RunRecord:
     seed: int
     status: str = "running"  # running | completed | failed | interrupted
     metrics: list[dict] = field(default_factory=list)  # one row per optimisation step
-    evals: list[dict] = field(default_factory=list)  # one row per evaluation (step, val_loss)
+    evals: list[dict] = field(default_factory=list)  # one row per evaluation (step, val_loss, train_time_s)
     final: dict = field(default_factory=dict)  # train_loss, val_loss, test_loss
     params: dict = field(default_factory=dict)  # total, non_embedding
+    flops_per_token: float = 0.0  # forward pass, matmuls and attention (profiling.forward_flops_per_token)
     wall_time_s: float = 0.0
     train_time_s: float = 0.0
     tokens_per_s: float = 0.0
     peak_memory_mb: float = 0.0
     environment: dict = field(default_factory=dict)
     error: str | None = None
+    checkpoint: str | None = None  # the final model's file, when the run kept one
 
     @property
     def train_config(self) -> TrainConfig:
@@ -258,6 +261,7 @@ def save_training_state(path: Path, model, optimizer, step: int, batch_gen: torc
             "config_hash": record.config_hash,
             "metrics": record.metrics,
             "evals": record.evals,
+            "train_time_s": record.train_time_s,
         },
         path,
     )
@@ -278,6 +282,7 @@ def load_training_state(path: Path, model, optimizer, batch_gen: torch.Generator
     if state["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     record.metrics, record.evals = list(state["metrics"]), list(state["evals"])
+    record.train_time_s = float(state.get("train_time_s", 0.0))
     return int(state["step"])
 
 
@@ -303,6 +308,8 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     t_start = time.perf_counter()
     tc = with_tokenizer_vocab(tc)
     device = resolve_device(tc.device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # the peak of this run, not of the process
     out_dir = Path(tc.out_dir) if tc.out_dir else None
     ckpt_path = out_dir / CHECKPOINT_NAME if out_dir else None
 
@@ -323,13 +330,15 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     record = RunRecord(
         config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed,
         params={"total": model.num_params(), "non_embedding": model.num_params(non_embedding=True)},
+        flops_per_token=forward_flops_per_token(model, tc.seq_len),
         environment=environment(device),
     )
     start = 0
     if tc.resume and ckpt_path is not None and ckpt_path.exists():
         start = load_training_state(ckpt_path, model, optimizer, batch_gen, record)
     if start == 0:
-        record.evals.append({"step": 0, "val_loss": evaluate(model, val_batches, device, autocast)})
+        record.evals.append({"step": 0, "val_loss": evaluate(model, val_batches, device, autocast), "train_time_s": 0.0})
+    time_before = record.train_time_s  # training time before this process (a resumed run)
 
     writer = _tensorboard_writer(tc.log_dir)
     model.train()
@@ -343,9 +352,11 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
             done = step + 1
             record.metrics.append(row)
             if done % tc.eval_interval == 0 or done == tc.max_steps:
-                record.evals.append({"step": done, "val_loss": evaluate(model, val_batches, device, autocast)})
+                record.evals.append({"step": done, "val_loss": evaluate(model, val_batches, device, autocast),
+                                     "train_time_s": time_before + train_time})
                 bar.set_postfix(loss=f"{row['loss']:.3f}", val=f"{record.evals[-1]['val_loss']:.3f}")
             if tc.checkpoint_interval and done % tc.checkpoint_interval == 0:
+                record.train_time_s = time_before + train_time
                 save_training_state(ckpt_path, model, optimizer, done, batch_gen, record)
             _log_tensorboard(writer, done, row, record.evals[-1] if record.evals[-1]["step"] == done else None)
             bar.update(1)
@@ -354,7 +365,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     except BaseException as err:  # save what was computed, then let the error through
         record.status = "failed" if isinstance(err, NonFiniteError) else "interrupted"
         record.error = f"{type(err).__name__}: {err}"
-        _finish(record, tc, device, t_start, train_time, start, out_dir)
+        _finish(record, tc, device, t_start, train_time, time_before, start, out_dir)
         raise
     finally:
         bar.close()
@@ -369,8 +380,11 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     }
     record.status = "completed"
     if out_dir is not None and start < tc.max_steps:
+        record.train_time_s = time_before + train_time
         save_training_state(ckpt_path, model, optimizer, tc.max_steps, batch_gen, record)
-    _finish(record, tc, device, t_start, train_time, start, out_dir)
+    if ckpt_path is not None and ckpt_path.exists():
+        record.checkpoint = str(ckpt_path)
+    _finish(record, tc, device, t_start, train_time, time_before, start, out_dir)
     record.model = model
     return record
 
@@ -398,9 +412,12 @@ def _train_step(model, optimizer, tc, step, train_tokens, batch_gen, device, gro
     return {"step": step + 1, "loss": loss_value, "lr": lr, **norms, **solver_counts}
 
 
-def _finish(record: RunRecord, tc: TrainConfig, device, t_start: float, train_time: float, start: int, out_dir) -> None:
+def _finish(record: RunRecord, tc: TrainConfig, device, t_start: float, train_time: float, time_before: float,
+            start: int, out_dir) -> None:
+    """Timings (wall time of this process; training time over all processes of a resumed run;
+    tokens/s of the steps this process ran), peak memory, and the record written to out_dir."""
     record.wall_time_s = time.perf_counter() - t_start
-    record.train_time_s = train_time
+    record.train_time_s = time_before + train_time
     steps_here = len(record.metrics) - start
     record.tokens_per_s = steps_here * tc.batch_size * tc.seq_len / train_time if train_time > 0 else 0.0
     record.peak_memory_mb = peak_memory_mb(device)

@@ -40,7 +40,9 @@ def test_150_char_steps_beat_the_unigram_entropy(arch):
 
 
 def comparable(rec: nl.RunRecord) -> dict:
-    return {"metrics": rec.metrics, "evals": rec.evals, "final": rec.final, "params": rec.params}
+    """What a run computed (evaluations without their timings)."""
+    evals = [{k: v for k, v in row.items() if k != "train_time_s"} for row in rec.evals]
+    return {"metrics": rec.metrics, "evals": evals, "final": rec.final, "params": rec.params}
 
 
 def test_same_seed_same_record_and_other_seed_differs():
@@ -87,7 +89,13 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(tmp_path):
     assert partial.status == "interrupted" and len(partial.metrics) == 10  # nothing computed was lost
     resumed = nl.train(tiny_run(out_dir=str(tmp_path / "cut"), resume=True, **cfg))  # continues from step 8
     assert resumed.final == whole.final
-    assert resumed.metrics == whole.metrics and resumed.evals == whole.evals
+    assert resumed.metrics == whole.metrics
+    untimed = lambda evals: [{k: v for k, v in row.items() if k != "train_time_s"} for row in evals]  # noqa: E731
+    assert untimed(resumed.evals) == untimed(whole.evals)
+    # training time carries over the interruption: it keeps growing along the evaluations
+    times = [row["train_time_s"] for row in resumed.evals]
+    assert times[0] == 0.0 and all(b > a for a, b in zip(times, times[1:]))
+    assert resumed.train_time_s >= times[-1] > partial.evals[1]["train_time_s"]
 
 
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):

@@ -1,0 +1,569 @@
+"""Multi-seed statistics for comparing model arms trained with the same seeds.
+
+Every arm of an experiment is trained once per seed, and seed ``s`` gives every arm the
+same data order and evaluation batches, so arms are compared *paired by seed*: the
+unit of analysis is the per-seed difference ``d_s = metric(arm, s) - metric(ref, s)``.
+
+* :func:`mean_ci` -- mean, sample SD and t-based confidence interval of one arm.
+* :func:`paired_test` -- paired t-test (primary), exact Wilcoxon signed-rank test
+  (robustness check) and paired effect sizes.
+* :func:`holm` -- Holm--Bonferroni step-down adjusted p-values.
+* :func:`compare_arms` / :func:`summary_table` -- the two tables of a results section,
+  built from a long data frame with one row per run.
+* :func:`format_mean_ci`, :func:`format_table`, :func:`export_table` -- display strings
+  and ``.csv`` / ``.md`` / ``.tex`` files.
+
+Only distribution functions come from scipy (``scipy.stats.t``, ``scipy.stats.norm``);
+the statistics themselves are computed here, so the tests against scipy's own tests
+are a real check.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as _dist
+
+#: Wilcoxon signed-rank p-values are exact (all 2**n sign assignments) up to this many
+#: non-zero differences, and use the tie-corrected normal approximation above it.
+WILCOXON_EXACT_MAX_N = 20
+
+COMPARE_COLUMNS = [
+    "arm", "reference", "n", "mean_diff", "ci_low", "ci_high", "t", "p_t", "p_t_holm",
+    "p_wilcoxon", "p_wilcoxon_holm", "d_z", "hedges_gz", "verdict",
+]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _as_1d(values, name: str) -> np.ndarray:
+    """``values`` as a 1-D float array (ValueError naming ``name`` otherwise)."""
+    try:
+        x = np.asarray(values, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numeric, got {values!r}") from exc
+    if x.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {x.shape}")
+    return x
+
+
+def _check_confidence(confidence: float) -> float:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    return float(confidence)
+
+
+def _t_quantile(confidence: float, df: int) -> float:
+    """Two-sided critical value ``t_{(1+c)/2, df}``."""
+    return float(_dist.t.ppf((1.0 + confidence) / 2.0, df))
+
+
+# --------------------------------------------------------------------------- one arm
+
+
+def mean_ci(values, confidence: float = 0.95) -> dict:
+    """Mean, sample SD and t-based confidence interval of ``values``.
+
+    NaNs are dropped first (a missing or diverged run) and ``n`` counts the remaining
+    values. With ``x_1..x_n``::
+
+        mean    = sum(x) / n
+        sd      = sqrt(sum((x - mean)^2) / (n - 1))        (sample SD, ddof = 1)
+        sem     = sd / sqrt(n)
+        ci_half = t_{(1+c)/2, n-1} * sem
+        ci      = [mean - ci_half, mean + ci_half]
+
+    ``n == 1`` gives the mean with ``sd``, ``sem`` and the interval NaN; no values at
+    all (or only NaNs) is a ValueError.
+    """
+    confidence = _check_confidence(confidence)
+    x = _as_1d(values, "values")
+    x = x[~np.isnan(x)]
+    n = int(x.size)
+    if n == 0:
+        raise ValueError("mean_ci needs at least 1 non-NaN value, got none")
+    mean = float(x.mean())
+    if n < 2:
+        sd = sem = half = math.nan
+    else:
+        sd = float(x.std(ddof=1))
+        sem = sd / math.sqrt(n)
+        half = _t_quantile(confidence, n - 1) * sem
+    return {
+        "n": n, "mean": mean, "sd": sd, "sem": sem,
+        "ci_low": mean - half, "ci_high": mean + half, "ci_half": half,
+    }
+
+
+# --------------------------------------------------------------------------- paired tests
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of ``x``; tied values share the average of the ranks they span."""
+    order = np.argsort(x, kind="stable")
+    _, inverse, counts = np.unique(x[order], return_inverse=True, return_counts=True)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    group_rank = starts + (counts + 1) / 2.0  # average of ranks start+1 .. start+count
+    ranks = np.empty(x.size, dtype=float)
+    ranks[order] = group_rank[inverse]
+    return ranks
+
+
+def _signed_rank_null_counts(doubled_ranks: np.ndarray) -> np.ndarray:
+    """``counts[w]`` = number of the 2**n sign assignments whose ``2 W+`` equals ``w``.
+
+    Each rank r_i is independently + or - under H0, so the generating function of
+    ``2 W+`` is ``prod_i (1 + z^{2 r_i})``; multiplying it out one factor at a time
+    counts every one of the 2**n assignments exactly (ties included, since the doubled
+    average ranks are integers) without listing them one by one.
+    """
+    total = int(doubled_ranks.sum())
+    counts = np.zeros(total + 1, dtype=np.int64)
+    counts[0] = 1
+    for r in doubled_ranks.astype(np.int64):
+        counts[r:] = counts[r:] + counts[: total + 1 - r].copy()
+    return counts
+
+
+def wilcoxon_signed_rank(differences) -> dict:
+    """Two-sided Wilcoxon signed-rank test of ``differences`` (H0: symmetric about 0).
+
+    Zero differences are dropped (Wilcoxon's method, scipy's ``zero_method="wilcox"``);
+    the remaining ``m`` values are ranked by ``|d|`` with average ranks for ties, and
+    ``W+ = sum of the ranks of the positive differences``.
+
+    * ``m <= WILCOXON_EXACT_MAX_N``: exact null distribution over all ``2**m`` sign
+      assignments of those (possibly tied) ranks,
+      ``p = min(1, 2 * min(P(W >= W+), P(W <= W+)))``.
+    * larger ``m``: normal approximation without continuity correction,
+      ``z = (W+ - sum(r)/2) / sqrt(sum(r^2)/4)`` (the usual tie-corrected variance
+      ``m(m+1)(2m+1)/24 - sum(t^3 - t)/48``), ``p = 2 * (1 - Phi(|z|))``.
+
+    No non-zero differences at all gives ``p = 1``. Returns ``n_nonzero``, ``w_plus``,
+    ``p`` and ``method`` (``"exact"``, ``"normal"`` or ``"all zero"``).
+
+    With ``m`` non-zero differences the smallest two-sided exact p is ``2 / 2**m``:
+    0.0625 for ``m = 5``, so with five seeds it can never reach 0.05.
+    """
+    d = _as_1d(differences, "differences")
+    if np.isnan(d).any():
+        raise ValueError("differences contain NaN")
+    d = d[d != 0]
+    m = int(d.size)
+    if m == 0:
+        return {"n_nonzero": 0, "w_plus": 0.0, "p": 1.0, "method": "all zero"}
+    ranks = _average_ranks(np.abs(d))
+    w_plus = float(ranks[d > 0].sum())
+    if m <= WILCOXON_EXACT_MAX_N:
+        doubled = np.rint(2 * ranks).astype(np.int64)
+        counts = _signed_rank_null_counts(doubled)
+        w2 = int(np.rint(2 * w_plus))
+        lower = counts[: w2 + 1].sum()  # #{W <= W+}
+        upper = counts[w2:].sum()  # #{W >= W+}
+        p = min(1.0, 2.0 * min(lower, upper) / 2.0**m)
+        method = "exact"
+    else:
+        mean = ranks.sum() / 2.0
+        sd = math.sqrt((ranks**2).sum() / 4.0)
+        z = (w_plus - mean) / sd
+        p = float(min(1.0, 2.0 * _dist.norm.sf(abs(z))))
+        method = "normal"
+    return {"n_nonzero": m, "w_plus": w_plus, "p": float(p), "method": method}
+
+
+def paired_test(a, b, confidence: float = 0.95) -> dict:
+    """Paired comparison of ``a`` and ``b`` (``a[i]``, ``b[i]`` from the same seed).
+
+    With ``d_i = a_i - b_i``, ``i = 1..n``::
+
+        mean_diff = mean(d),   sd_diff = sqrt(sum((d - mean_diff)^2) / (n - 1))
+        t         = mean_diff / (sd_diff / sqrt(n)),        df = n - 1
+        p_t       = 2 * P(T_{n-1} >= |t|)                   (two-sided paired t-test)
+        ci        = mean_diff -/+ t_{(1+c)/2, n-1} * sd_diff / sqrt(n)
+        d_z       = mean_diff / sd_diff                     (paired Cohen's d)
+        hedges_gz = d_z * (1 - 3 / (4 (n - 1) - 1))          (small-sample correction)
+
+    ``p_wilcoxon`` is the two-sided Wilcoxon signed-rank p of ``d``
+    (:func:`wilcoxon_signed_rank`: exact for up to 20 non-zero differences, zeros
+    dropped, ties given average ranks); ``n_nonzero`` counts the differences it used.
+
+    The paired t-test is the primary test. The Wilcoxon test is a robustness check
+    only: with ``n = 5`` seeds its smallest possible exact two-sided p is
+    ``2 / 2**5 = 0.0625``, so it can never reach 0.05 however large the effect.
+
+    Degenerate cases: all differences zero gives ``p_t = p_wilcoxon = 1`` and ``t``,
+    ``d_z``, ``hedges_gz`` NaN; identical non-zero differences (``sd_diff = 0``) give
+    ``t = d_z = +-inf`` and ``p_t = 0``. NaNs are an error: drop the seed explicitly.
+    """
+    confidence = _check_confidence(confidence)
+    a = _as_1d(a, "a")
+    b = _as_1d(b, "b")
+    if a.size != b.size:
+        raise ValueError(f"paired samples must have the same length, got {a.size} and {b.size}")
+    for name, x in (("a", a), ("b", b)):
+        if np.isnan(x).any():
+            bad = np.flatnonzero(np.isnan(x)).tolist()
+            raise ValueError(f"{name} contains NaN at positions {bad}; drop those pairs first")
+    n = int(a.size)
+    if n < 2:
+        raise ValueError(f"paired_test needs at least 2 pairs, got {n}")
+    d = a - b
+    mean = float(d.mean())
+    sd = float(d.std(ddof=1))
+    se = sd / math.sqrt(n)
+    half = _t_quantile(confidence, n - 1) * se
+    if sd > 0:
+        t = mean / se
+        p_t = float(2.0 * _dist.t.sf(abs(t), n - 1))
+        d_z = mean / sd
+    elif mean == 0:  # all differences zero: no evidence of any difference
+        t, p_t, d_z = math.nan, 1.0, math.nan
+    else:  # every seed moved by exactly the same non-zero amount
+        t = d_z = math.copysign(math.inf, mean)
+        p_t = 0.0
+    hedges = d_z * (1.0 - 3.0 / (4.0 * (n - 1) - 1.0))
+    wil = wilcoxon_signed_rank(d)
+    return {
+        "n": n, "mean_diff": mean, "sd_diff": sd,
+        "ci_low": mean - half, "ci_high": mean + half,
+        "t": t, "p_t": p_t,
+        "p_wilcoxon": wil["p"], "n_nonzero": wil["n_nonzero"],
+        "d_z": d_z, "hedges_gz": hedges,
+    }
+
+
+def holm(pvalues) -> np.ndarray:
+    """Holm--Bonferroni step-down adjusted p-values, in input order.
+
+    With the ``m`` non-NaN p-values sorted ``p_(1) <= ... <= p_(m)``::
+
+        p~_(i) = min(1, max_{j <= i} (m - j + 1) p_(j))
+
+    so adjusted values are monotone in the raw ones and capped at 1. Rejecting
+    ``p~ < alpha`` controls the family-wise error rate at ``alpha``. NaNs are passed
+    through and do not count towards ``m``.
+    """
+    p = _as_1d(pvalues, "pvalues")
+    ok = ~np.isnan(p)
+    if ((p[ok] < 0) | (p[ok] > 1)).any():
+        raise ValueError(f"p-values must lie in [0, 1], got {p[ok][(p[ok] < 0) | (p[ok] > 1)].tolist()}")
+    out = np.full(p.shape, np.nan)
+    idx = np.flatnonzero(ok)
+    m = idx.size
+    if m == 0:
+        return out
+    order = idx[np.argsort(p[idx], kind="stable")]
+    scaled = (m - np.arange(m)) * p[order]
+    out[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
+    return out
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _require_columns(df: pd.DataFrame, columns: Iterable[str]) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"columns {missing} not in the data frame (it has {list(df.columns)})")
+
+
+def _arms_in_order(df: pd.DataFrame, arm: str) -> list:
+    return list(pd.unique(df[arm]))
+
+
+def _per_seed(df: pd.DataFrame, name, metric: str, arm: str, seed: str) -> pd.Series:
+    """``metric`` of arm ``name`` indexed by seed (NaN runs left out)."""
+    runs = df[df[arm] == name]
+    dup = runs[seed][runs[seed].duplicated()].unique().tolist()
+    if dup:
+        raise ValueError(f"arm {name!r} has more than one run for seeds {dup}")
+    values = runs.set_index(seed)[metric].astype(float)
+    return values.dropna()
+
+
+def compare_arms(
+    df: pd.DataFrame,
+    metric: str,
+    reference,
+    arm: str = "arm",
+    seed: str = "seed",
+    higher_is_better: bool = False,
+    allow_missing: bool = False,
+    alpha: float = 0.05,
+    confidence: float = 0.95,
+) -> pd.DataFrame:
+    """Compare every arm of ``df`` with ``reference``, paired by seed.
+
+    ``df`` is long format, one row per run (columns ``arm``, ``seed``, ``metric``, ...).
+    For every other arm (in order of first appearance) the runs are paired by seed with
+    the reference's and :func:`paired_test` (arm - reference) is applied; so
+    ``mean_diff > 0`` means the arm's metric is higher. ``p_t_holm`` and
+    ``p_wilcoxon_holm`` are :func:`holm`-adjusted over the comparisons of this table.
+
+    ``verdict`` is ``"better"`` / ``"worse"`` when the Holm-adjusted paired t p is below
+    ``alpha`` (direction from ``higher_is_better``: ``False`` for losses), otherwise
+    ``"no significant difference"``.
+
+    Seeds: a run whose metric is NaN counts as missing. An arm and the reference must
+    have the same seeds; a mismatch (either way) is a ValueError naming the seeds,
+    unless ``allow_missing=True``, when only the seeds present in both are used.
+    """
+    _require_columns(df, [arm, seed, metric])
+    arms = _arms_in_order(df, arm)
+    if reference not in arms:
+        raise ValueError(f"unknown reference arm {reference!r}; valid arms are {arms}")
+    others = [a for a in arms if a != reference]
+    if not others:
+        raise ValueError(f"nothing to compare: {reference!r} is the only arm")
+    ref = _per_seed(df, reference, metric, arm, seed)
+    rows = []
+    for name in others:
+        values = _per_seed(df, name, metric, arm, seed)
+        only_ref = sorted(set(ref.index) - set(values.index))
+        only_arm = sorted(set(values.index) - set(ref.index))
+        if (only_ref or only_arm) and not allow_missing:
+            raise ValueError(
+                f"arm {name!r} and reference {reference!r} have different seeds for {metric!r}: "
+                f"missing from {name!r}: {only_ref}, missing from {reference!r}: {only_arm} "
+                "(pass allow_missing=True to use only the seeds they share)"
+            )
+        common = sorted(set(ref.index) & set(values.index))
+        if len(common) < 2:
+            raise ValueError(f"arm {name!r} shares {len(common)} seed(s) with {reference!r}; need at least 2")
+        res = paired_test(values.loc[common].to_numpy(), ref.loc[common].to_numpy(), confidence)
+        rows.append({"arm": name, "reference": reference, **res})
+    out = pd.DataFrame(rows)
+    out["p_t_holm"] = holm(out["p_t"])
+    out["p_wilcoxon_holm"] = holm(out["p_wilcoxon"])
+    out["verdict"] = [
+        _verdict(diff, p, higher_is_better, alpha) for diff, p in zip(out["mean_diff"], out["p_t_holm"])
+    ]
+    return out[COMPARE_COLUMNS]
+
+
+def _verdict(mean_diff: float, p_holm: float, higher_is_better: bool, alpha: float) -> str:
+    if not p_holm < alpha or mean_diff == 0:  # NaN p compares False
+        return "no significant difference"
+    return "better" if (mean_diff > 0) == higher_is_better else "worse"
+
+
+def summary_table(
+    df: pd.DataFrame,
+    metrics: Sequence[str],
+    arm: str = "arm",
+    order: Sequence | None = None,
+    confidence: float = 0.95,
+) -> pd.DataFrame:
+    """One row per arm: ``n`` (runs) and ``<metric>_mean``, ``<metric>_ci``, ``<metric>_sd``.
+
+    ``<metric>_ci`` is the :func:`mean_ci` half width ``t_{(1+c)/2, n-1} sd / sqrt(n)``.
+    Rows follow ``order`` if given (a subset of the arms is allowed), else first
+    appearance. NaN values are dropped per metric; if that leaves some arm with fewer
+    values than runs, a ``<metric>_n`` column is added for that metric.
+    """
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    _require_columns(df, [arm, *metrics])
+    arms = _arms_in_order(df, arm)
+    if order is not None:
+        unknown = [a for a in order if a not in arms]
+        if unknown:
+            raise ValueError(f"unknown arms {unknown} in order; valid arms are {arms}")
+        arms = list(order)
+    rows = []
+    for name in arms:
+        runs = df[df[arm] == name]
+        row = {arm: name, "n": len(runs)}
+        for metric in metrics:
+            stats = mean_ci(runs[metric].astype(float), confidence) if runs[metric].notna().any() else None
+            row[f"{metric}_mean"] = stats["mean"] if stats else math.nan
+            row[f"{metric}_ci"] = stats["ci_half"] if stats else math.nan
+            row[f"{metric}_sd"] = stats["sd"] if stats else math.nan
+            row[f"{metric}_n"] = stats["n"] if stats else 0
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    for metric in metrics:
+        if (out[f"{metric}_n"] == out["n"]).all():
+            out = out.drop(columns=f"{metric}_n")
+    return out
+
+
+def format_mean_ci(mean: float, half: float, digits: int = 3) -> str:
+    """``"1.234 ± 0.012"``; a NaN mean is ``"–"``, a NaN half width ``"1.234 ± –"``."""
+    if mean is None or pd.isna(mean):
+        return "–"
+    half_text = "–" if half is None or pd.isna(half) else f"{half:.{digits}f}"
+    return f"{mean:.{digits}f} ± {half_text}"
+
+
+def format_table(summary: pd.DataFrame, metrics: Sequence[str], digits: int = 3) -> pd.DataFrame:
+    """Display copy of a :func:`summary_table`: one ``"mean ± ci"`` column per metric.
+
+    Non-metric columns that are not ``<metric>_*`` (the arm column, ``n``) are kept.
+    """
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    _require_columns(summary, [c for m in metrics for c in (f"{m}_mean", f"{m}_ci")])
+    derived = {f"{m}_{s}" for m in metrics for s in ("mean", "ci", "sd", "n")}
+    out = summary[[c for c in summary.columns if c not in derived]].copy()
+    for m in metrics:
+        out[m] = [format_mean_ci(mu, h, digits) for mu, h in zip(summary[f"{m}_mean"], summary[f"{m}_ci"])]
+    return out
+
+
+def _mean_ci_text(mean: float, half: float, digits: int) -> str:
+    """``mean ± half`` with thousands separators; a metric that is the same for every seed
+    (parameters, FLOPs: half width 0) is shown as its value alone."""
+    if pd.isna(mean):
+        return "–"
+    if half == 0:
+        return f"{mean:,.{digits}f}"
+    return f"{mean:,.{digits}f} ± " + ("–" if pd.isna(half) else f"{half:,.{digits}f}")
+
+
+def report_table(
+    runs: pd.DataFrame,
+    columns: dict[str, tuple[str, int]],
+    reference,
+    test_metric: str,
+    order: Sequence | None = None,
+    higher_is_better: bool = False,
+    confidence: float = 0.95,
+) -> pd.DataFrame:
+    """The table a paper shows: per arm, ``mean ± CI half width`` of each metric, then the
+    paired comparison of ``test_metric`` with ``reference`` (difference ± CI, Holm-adjusted
+    paired t and Wilcoxon p over the arms of this table, paired effect size d_z).
+
+    ``columns`` maps a metric of ``runs`` to (its label, decimals). Cells are strings; the
+    numbers behind them are :func:`summary_table` and :func:`compare_arms` of the same runs.
+    """
+    summary = summary_table(runs, list(columns), order=order, confidence=confidence)
+    tests = compare_arms(runs, test_metric, reference, higher_is_better=higher_is_better,
+                         confidence=confidence).set_index("arm")
+    out = pd.DataFrame({"arm": summary["arm"], "seeds": summary["n"]})
+    for metric, (label, digits) in columns.items():
+        out[label] = [_mean_ci_text(m, h, digits)
+                      for m, h in zip(summary[f"{metric}_mean"], summary[f"{metric}_ci"])]
+    label, _ = columns.get(test_metric, (test_metric, 3))
+    in_tests = [name in tests.index for name in out["arm"]]
+
+    def column(fn):
+        return [fn(tests.loc[name]) if hit else "–" for name, hit in zip(out["arm"], in_tests)]
+
+    # differences can be far smaller than the metric: significant digits, not the metric's decimals
+    out[f"Δ {label} vs {reference}"] = column(
+        lambda r: f"{r['mean_diff']:+.3g} ± {(r['ci_high'] - r['ci_low']) / 2:.2g}")
+    out["p (paired t, Holm)"] = column(lambda r: f"{r['p_t_holm']:.3g}")
+    out["p (Wilcoxon, Holm)"] = column(lambda r: f"{r['p_wilcoxon_holm']:.3g}")
+    out["d_z"] = column(lambda r: f"{r['d_z']:+.2f}")
+    return out
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _cell(value) -> str:
+    """A table cell: floats to 4 significant digits (thousands separated from 1e4)."""
+    if isinstance(value, (float, np.floating)):
+        if math.isnan(value):
+            return "–"
+        if math.isinf(value):
+            return "∞" if value > 0 else "-∞"
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if value is None or value is pd.NA:
+        return "–"
+    return str(value)
+
+
+def _is_numeric(col: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col)
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """GitHub Markdown table of ``df`` (numeric columns right-aligned, 4 significant digits)."""
+    def esc(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    header = "| " + " | ".join(esc(str(c)) for c in df.columns) + " |"
+    rule = "|" + "|".join("---:" if _is_numeric(df[c]) else "---" for c in df.columns) + "|"
+    rows = [
+        "| " + " | ".join(esc(_cell(v)) for v in row) + " |"
+        for row in df.astype(object).itertuples(index=False)
+    ]
+    return "\n".join([header, rule, *rows]) + "\n"
+
+
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+    "±": r"$\pm$", "–": "--", "∞": r"$\infty$",
+}
+_LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX_SPECIAL))
+
+
+def latex_escape(text: str) -> str:
+    """Escape LaTeX's special characters (``\\ & % $ # _ { } ~ ^``); ``±`` becomes ``$\\pm$``."""
+    return _LATEX_RE.sub(lambda m: _LATEX_SPECIAL[m.group(0)], text)
+
+
+def latex_table(df: pd.DataFrame) -> str:
+    """A booktabs ``tabular`` of ``df`` (needs ``\\usepackage{booktabs}``)."""
+    spec = "".join("r" if _is_numeric(df[c]) else "l" for c in df.columns)
+    lines = [
+        rf"\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+        " & ".join(latex_escape(str(c)) for c in df.columns) + r" \\",
+        r"\midrule",
+        *(
+            " & ".join(latex_escape(_cell(v)) for v in row) + r" \\"
+            for row in df.astype(object).itertuples(index=False)
+        ),
+        r"\bottomrule",
+        r"\end{tabular}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file next to ``path``, then ``os.replace`` it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def export_table(df: pd.DataFrame, path_stem) -> list[Path]:
+    """Write ``df`` to ``<stem>.csv``, ``<stem>.md`` and ``<stem>.tex``; return the paths.
+
+    The CSV keeps full precision; Markdown (GitHub) and LaTeX (booktabs) show floats to
+    4 significant digits. A non-default index is written as leading column(s). Parent
+    folders are created and each file is replaced atomically (temp file + ``os.replace``).
+    """
+    stem = Path(path_stem)
+    if not stem.name:
+        raise ValueError(f"path_stem needs a file name, got {str(path_stem)!r}")
+    if not isinstance(df.index, pd.RangeIndex):
+        df = df.reset_index()
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [Path(f"{stem}.csv"), Path(f"{stem}.md"), Path(f"{stem}.tex")]
+    texts = [df.to_csv(index=False), markdown_table(df), latex_table(df)]
+    for path, text in zip(paths, texts):
+        _write_atomic(path, text)
+    return paths

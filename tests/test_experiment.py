@@ -1,0 +1,171 @@
+"""The run store: caching by config hash, atomic records, resume after a kill, the protocol."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import nodelm_lib as nl
+from nodelm_lib import experiment
+from nodelm_lib.experiment import arm_configs, check_protocol, record_path, record_row, time_to_target
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny(max_steps: int = 12, **kw) -> nl.TrainConfig:
+    model = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=2, max_seq_len=32)
+    base = dict(model=model, batch_size=4, seq_len=32, max_steps=max_steps, lr=3e-3, warmup_steps=3,
+                eval_interval=4, eval_batches=2, progress=False, device="cpu")
+    base.update(kw)
+    return nl.TrainConfig(**base)
+
+
+def untimed(record: nl.RunRecord) -> dict:
+    """What a run computed, without what it measured about the machine."""
+    evals = [{k: v for k, v in row.items() if k != "train_time_s"} for row in record.evals]
+    return {"metrics": record.metrics, "evals": evals, "final": record.final, "params": record.params,
+            "config_hash": record.config_hash, "status": record.status}
+
+
+def test_nl_train_is_still_the_function():
+    assert callable(nl.train) and nl.train.__module__ == "nodelm_lib.train"
+
+
+def test_a_stored_run_is_read_back_not_rerun(tmp_path, monkeypatch):
+    tc = tiny()
+    first = nl.run(tc, store=tmp_path / "runs", checkpoints=tmp_path / "ckpt")
+    path = record_path(tmp_path / "runs", first.config_hash)
+    assert path.exists() and first.status == "completed"
+    assert Path(first.checkpoint).exists() and nl.load_model(first.checkpoint).cfg == first.model.cfg
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("a stored run was trained again")
+
+    monkeypatch.setattr(experiment, "train", must_not_train)
+    again = nl.run(tc, store=tmp_path / "runs", checkpoints=tmp_path / "ckpt")
+    assert untimed(again) == untimed(nl.RunRecord.from_json(path))
+    # anything that changes the numbers is another run
+    with pytest.raises(AssertionError, match="trained again"):
+        nl.run(tiny(lr=1e-3), store=tmp_path / "runs", checkpoints=tmp_path / "ckpt")
+
+
+def test_records_are_written_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "r.json"
+    nl.RunRecord(config={}, config_hash="a", seed=0, status="completed").to_json(path)
+    before = path.read_text()
+
+    def crash(src, dst):
+        raise OSError("disk died mid-write")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        nl.RunRecord(config={}, config_hash="b", seed=1, status="completed").to_json(path)
+    assert path.read_text() == before  # the old record is intact, never half-written
+
+
+def test_an_isolated_run_computes_what_an_in_process_run_does(tmp_path):
+    inside = nl.run(tiny(), store=tmp_path / "a", checkpoints=tmp_path / "ca")
+    outside = nl.run(tiny(), store=tmp_path / "b", checkpoints=tmp_path / "cb", isolate=True)
+    assert untimed(outside) == untimed(inside)
+    assert outside.peak_memory_mb > 0 and outside.flops_per_token == inside.flops_per_token > 0
+
+
+SWEEP_SCRIPT = textwrap.dedent("""
+    import sys
+    import nodelm_lib as nl
+    sys.path.insert(0, {tests!r})
+    from test_experiment import tiny, ARMS
+    nl.sweep(tiny(max_steps={steps}, eval_interval=100), ARMS, seeds=[0], store={store!r}, checkpoints={ckpt!r},
+             isolate=False, progress=False)
+""")
+ARMS = {"gpt": {}, "hybrid": {"model.arch": "hybrid", "model.ode_start": 0, "model.ode_end": 1}}
+
+
+def test_a_killed_sweep_resumes_to_identical_records(tmp_path):
+    steps = 400
+    store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    script = SWEEP_SCRIPT.format(tests=str(REPO / "tests"), steps=steps, store=str(store), ckpt=str(ckpt))
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, start_new_session=True)
+    hybrid_cfg = arm_configs(tiny(max_steps=steps, eval_interval=100), ARMS, [0])[1][2]
+    hybrid_ckpt = ckpt / experiment.with_tokenizer_vocab(hybrid_cfg).config_hash() / "checkpoint.pt"
+    deadline = time.time() + 300
+    while not hybrid_ckpt.exists():  # the first arm is done and the second one is under way
+        assert child.poll() is None, "the sweep finished before it could be killed; make the runs longer"
+        assert time.time() < deadline, "the sweep never reached its second run"
+        time.sleep(0.05)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    assert len(list(store.glob("*.json"))) == 1  # only the first run had finished
+    killed_at = torch.load(hybrid_ckpt, weights_only=True)["step"]
+    assert 0 < killed_at < steps
+    first_record = next(store.glob("*.json"))
+    first_mtime = first_record.stat().st_mtime_ns
+
+    resumed = nl.sweep(tiny(max_steps=steps, eval_interval=100), ARMS, seeds=[0], store=store, checkpoints=ckpt, isolate=False,
+                       progress=False)
+    assert first_record.stat().st_mtime_ns == first_mtime  # the finished run was not redone
+    whole = nl.sweep(tiny(max_steps=steps, eval_interval=100), ARMS, seeds=[0], store=tmp_path / "whole", checkpoints=tmp_path / "cw",
+                     isolate=False, progress=False)
+    for h in whole["config_hash"]:
+        a = nl.RunRecord.from_json(record_path(store, h))
+        b = nl.RunRecord.from_json(record_path(tmp_path / "whole", h))
+        assert untimed(a) == untimed(b)
+    assert list(resumed["val_loss"]) == list(whole["val_loss"])
+
+
+def test_every_arm_of_a_seed_sees_the_same_batches(monkeypatch):
+    import importlib
+
+    train_module = importlib.import_module("nodelm_lib.train")  # the module; nl.train is the function
+
+    seen: dict[str, list] = {}
+    original = train_module.sample_batch
+
+    def spy(*args, **kwargs):
+        x, y = original(*args, **kwargs)
+        seen.setdefault(current, []).append(x.clone())
+        return x, y
+
+    monkeypatch.setattr(train_module, "sample_batch", spy)
+    for _, seed, tc in arm_configs(tiny(max_steps=6), ARMS | {"node": {"model.arch": "node", "model.n_layers": 4,
+                                                                        "model.ode.n_steps": 4}}, [3]):
+        current = tc.model.arch
+        nl.train(tc)
+    batches = list(seen.values())
+    assert len(batches) == 3 and all(len(b) == 6 for b in batches)
+    for other in batches[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(batches[0], other))
+
+
+def test_arms_may_differ_only_in_their_model():
+    check_protocol(arm_configs(tiny(), ARMS, [0, 1]))
+    with pytest.raises(ValueError, match=r"arm 'fast' changes the training protocol \(lr\)"):
+        check_protocol(arm_configs(tiny(), {"gpt": {}, "fast": {"lr": 1e-2}}, [0]))
+    configs = arm_configs(tiny(), ARMS, [0, 1])
+    with pytest.raises(ValueError, match="same seeds"):
+        check_protocol(configs[:-1])
+    with pytest.raises(ValueError, match="unknown key 'model.widht'"):
+        arm_configs(tiny(), {"x": {"model.widht": 3}}, [0])
+
+
+def test_record_rows_and_time_to_target():
+    record = nl.RunRecord(config=nl.config.to_dict(tiny()), config_hash="h", seed=2, status="completed",
+                          metrics=[{"loss": 1.0}] * 10, final={"val_loss": 2.0, "test_loss": 2.1, "train_loss": 1.9},
+                          train_time_s=5.0)
+    row = record_row(record, arm="a")
+    assert row["arm"] == "a" and row["ms_per_step"] == pytest.approx(500.0)
+    assert row["val_ppl"] == pytest.approx(7.389056) and row["test_bits_per_token"] == pytest.approx(2.1 / 0.693147, 1e-5)
+    import pandas as pd
+    curves = pd.DataFrame({"arm": ["a"] * 3 + ["b"] * 3, "seed": [0] * 6, "step": [0, 4, 8] * 2,
+                           "train_time_s": [0.0, 1.0, 2.0] * 2, "val_loss": [3.0, 2.4, 2.2, 3.0, 2.9, 2.8]})
+    hit = time_to_target(curves, 2.5).set_index("arm")
+    assert hit.loc["a", "time_to_target_s"] == 1.0 and hit.loc["a", "step_to_target"] == 4
+    assert pd.isna(hit.loc["b", "time_to_target_s"])

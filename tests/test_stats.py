@@ -1,0 +1,344 @@
+"""nodelm_lib.stats against scipy's own tests and hand-computed values (fast, no training)."""
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats as ss
+
+from nodelm_lib import stats as st
+
+
+# --------------------------------------------------------------------------- mean_ci
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 10])
+@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
+def test_mean_ci_matches_scipy_and_numpy(n, confidence):
+    x = np.random.default_rng(n).normal(3.0, 0.7, size=n)
+    r = st.mean_ci(x, confidence)
+    lo, hi = ss.t.interval(confidence, n - 1, loc=x.mean(), scale=ss.sem(x))
+    assert r["n"] == n
+    assert r["mean"] == pytest.approx(np.mean(x))
+    assert r["sd"] == pytest.approx(np.std(x, ddof=1))
+    assert r["sem"] == pytest.approx(ss.sem(x))
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((lo, hi))
+    assert r["ci_half"] == pytest.approx((hi - lo) / 2)
+
+
+def test_mean_ci_drops_nans_and_handles_one_value():
+    r = st.mean_ci([1.0, np.nan, 3.0])
+    assert r["n"] == 2 and r["mean"] == 2.0 and r["sd"] == pytest.approx(math.sqrt(2))
+    one = st.mean_ci([4.0, np.nan])
+    assert one["n"] == 1 and one["mean"] == 4.0
+    assert all(math.isnan(one[k]) for k in ("sd", "sem", "ci_low", "ci_high", "ci_half"))
+
+
+def test_mean_ci_errors():
+    with pytest.raises(ValueError, match="at least 1 non-NaN value"):
+        st.mean_ci([np.nan, np.nan])
+    with pytest.raises(ValueError, match="at least 1 non-NaN value"):
+        st.mean_ci([])
+    with pytest.raises(ValueError, match=r"confidence must be in \(0, 1\), got 95"):
+        st.mean_ci([1.0, 2.0], confidence=95)
+    with pytest.raises(ValueError, match="must be 1-D"):
+        st.mean_ci([[1.0, 2.0], [3.0, 4.0]])
+
+
+# --------------------------------------------------------------------------- paired_test
+
+
+def _random_pair(n, seed):
+    rng = np.random.default_rng(seed)
+    b = rng.normal(5.0, 1.0, size=n)
+    return b + rng.normal(0.3, 0.5, size=n), b
+
+
+@pytest.mark.parametrize("n", range(5, 13))
+def test_paired_test_matches_scipy(n):
+    a, b = _random_pair(n, seed=100 + n)
+    r = st.paired_test(a, b)
+    t = ss.ttest_rel(a, b)
+    assert r["n"] == n
+    assert r["t"] == pytest.approx(t.statistic, rel=1e-10)
+    assert r["p_t"] == pytest.approx(t.pvalue, rel=1e-10)
+    ci = t.confidence_interval(0.95)
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((ci.low, ci.high))
+    d = a - b
+    assert np.unique(np.abs(d)).size == n  # no ties: scipy's "exact" is exact here
+    assert r["p_wilcoxon"] == pytest.approx(ss.wilcoxon(a, b, method="exact").pvalue, rel=1e-12)
+    assert r["mean_diff"] == pytest.approx(d.mean())
+    assert r["sd_diff"] == pytest.approx(d.std(ddof=1))
+    assert r["d_z"] == pytest.approx(d.mean() / d.std(ddof=1))
+    assert r["hedges_gz"] == pytest.approx(r["d_z"] * (1 - 3 / (4 * (n - 1) - 1)))
+
+
+@pytest.mark.parametrize("n, p", [(5, 2 / 32), (6, 2 / 64), (4, 2 / 16)])
+def test_wilcoxon_all_positive_is_two_over_two_to_the_n(n, p):
+    b = np.zeros(n)
+    a = np.arange(1.0, n + 1)
+    assert st.paired_test(a, b)["p_wilcoxon"] == pytest.approx(p)
+    assert st.paired_test(b, a)["p_wilcoxon"] == pytest.approx(p)  # symmetric
+
+
+def test_wilcoxon_five_seeds_never_below_005():
+    # the best case for five seeds: every difference has the same sign
+    assert st.wilcoxon_signed_rank([0.1, 0.2, 0.3, 0.4, 0.5])["p"] == 0.0625
+
+
+def _brute_force_p(d):
+    """Two-sided exact p by listing all 2**m sign assignments (zeros dropped)."""
+    d = np.asarray(d, float)
+    d = d[d != 0]
+    r = ss.rankdata(np.abs(d))  # average ranks for ties
+    w = r[d > 0].sum()
+    null = np.array([r[np.array(s, bool)].sum() for s in itertools.product([0, 1], repeat=d.size)])
+    return min(1.0, 2 * min(np.mean(null <= w + 1e-9), np.mean(null >= w - 1e-9)))
+
+
+@pytest.mark.parametrize(
+    "d",
+    [
+        [1, 1, 2, -2, 3, 3, 3, -0.5, 0, 4],  # ties and a zero
+        [0.5, 0.5, -0.5, 1.0, 1.0, 2.0],  # ties spanning signs
+        [1, -1, 1, -1, 1],  # all tied
+        [0, 0, 1, 2, 3, 4, 5],  # zeros are dropped, not ranked
+    ],
+)
+def test_wilcoxon_ties_and_zeros(d):
+    r = st.wilcoxon_signed_rank(d)
+    assert r["n_nonzero"] == np.count_nonzero(d)
+    assert r["p"] == pytest.approx(_brute_force_p(d))
+    # scipy's method="auto" runs an exact sign-flip permutation test for n <= 13 when
+    # there are ties or zeros (its method="exact" is conservative then, see the report)
+    assert r["p"] == pytest.approx(ss.wilcoxon(d, zero_method="wilcox").pvalue)
+
+
+def test_wilcoxon_hand_count_with_ties():
+    # |d| = 1, 1, 2 -> ranks 1.5, 1.5, 3; W+ = 6 is the maximum: 1 of 8 assignments
+    assert st.wilcoxon_signed_rank([1, 1, 2])["p"] == pytest.approx(2 / 8)
+    # d = 1, -1, 2: W+ = 4.5; P(W >= 4.5) = #{4.5, 6, 4.5} / 8 -> p = min(1, 2 * 3/8)
+    assert st.wilcoxon_signed_rank([1, -1, 2])["p"] == pytest.approx(0.75)
+
+
+def test_wilcoxon_exact_up_to_20():
+    a, b = _random_pair(20, seed=7)
+    r = st.wilcoxon_signed_rank(a - b)
+    assert r["method"] == "exact"
+    assert r["p"] == pytest.approx(ss.wilcoxon(a, b, method="exact").pvalue, rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [25, 30, 60])
+def test_wilcoxon_normal_approximation_above_20(n):
+    d = np.round(np.random.default_rng(n).normal(0.2, 1.0, size=n), 1)  # ties and zeros
+    r = st.wilcoxon_signed_rank(d)
+    assert r["n_nonzero"] > 20 and r["method"] == "normal"
+    assert r["p"] == pytest.approx(ss.wilcoxon(d, method="asymptotic").pvalue, rel=1e-10)
+
+
+def test_paired_test_identical_samples():
+    a = [1.0, 2.0, 3.0, 4.0, 5.0]
+    r = st.paired_test(a, a)
+    assert r["p_t"] == 1.0 and r["p_wilcoxon"] == 1.0
+    assert math.isnan(r["d_z"]) and math.isnan(r["hedges_gz"]) and math.isnan(r["t"])
+    assert r["mean_diff"] == 0.0 and r["ci_low"] == r["ci_high"] == 0.0
+
+
+def test_paired_test_constant_shift():
+    r = st.paired_test([2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
+    assert r["t"] == math.inf and r["p_t"] == 0.0 and r["d_z"] == math.inf
+
+
+def test_paired_test_errors():
+    with pytest.raises(ValueError, match="same length, got 3 and 2"):
+        st.paired_test([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="at least 2 pairs, got 1"):
+        st.paired_test([1.0], [2.0])
+    with pytest.raises(ValueError, match=r"b contains NaN at positions \[1\]"):
+        st.paired_test([1, 2, 3], [1, np.nan, 3])
+
+
+# --------------------------------------------------------------------------- holm
+
+
+def test_holm_hand_example():
+    np.testing.assert_allclose(st.holm([0.01, 0.04, 0.03]), [0.03, 0.06, 0.06])
+    np.testing.assert_allclose(st.holm([0.5, 0.6]), [1.0, 1.0])  # capped at 1
+
+
+def test_holm_nan_passthrough_and_not_counted():
+    out = st.holm([0.01, np.nan, 0.04])
+    assert math.isnan(out[1])
+    np.testing.assert_allclose(out[[0, 2]], [0.02, 0.04])  # m = 2
+    assert np.isnan(st.holm([np.nan])).all() and st.holm([]).size == 0
+
+
+def test_holm_monotone_and_bounded():
+    p = np.random.default_rng(1).uniform(0, 0.2, size=30)
+    adj = st.holm(p)
+    order = np.argsort(p)
+    assert np.all(np.diff(adj[order]) >= 0)
+    assert np.all(adj >= p) and np.all(adj <= 1)
+
+
+def test_holm_rejects_out_of_range():
+    with pytest.raises(ValueError, match=r"\[0, 1\], got \[1.5\]"):
+        st.holm([0.1, 1.5])
+
+
+# --------------------------------------------------------------------------- compare_arms
+
+
+def _synthetic_runs(seeds=range(8)):
+    rng = np.random.default_rng(0)
+    rows = []
+    for s in seeds:
+        base = 5.0 + rng.normal(0, 0.3)  # a seed effect shared by all arms
+        rows += [
+            {"arm": "baseline", "seed": s, "val_loss": base},
+            {"arm": "ode", "seed": s, "val_loss": base - 0.2 + rng.normal(0, 0.02)},
+            {"arm": "worse", "seed": s, "val_loss": base + 0.2 + rng.normal(0, 0.02)},
+            {"arm": "noise", "seed": s, "val_loss": base + rng.normal(0, 0.02)},
+        ]
+    return pd.DataFrame(rows)
+
+
+def test_compare_arms_verdicts():
+    df = _synthetic_runs()
+    out = st.compare_arms(df, "val_loss", reference="baseline")
+    assert list(out.columns) == st.COMPARE_COLUMNS
+    assert list(out["arm"]) == ["ode", "worse", "noise"]
+    verdict = dict(zip(out["arm"], out["verdict"]))
+    assert verdict == {"ode": "better", "worse": "worse", "noise": "no significant difference"}
+    assert (out["reference"] == "baseline").all() and (out["n"] == 8).all()
+    np.testing.assert_allclose(out["p_t_holm"], st.holm(out["p_t"]))
+    np.testing.assert_allclose(out["p_wilcoxon_holm"], st.holm(out["p_wilcoxon"]))
+    # the same row through paired_test directly
+    ode = df[df.arm == "ode"].sort_values("seed")["val_loss"].to_numpy()
+    ref = df[df.arm == "baseline"].sort_values("seed")["val_loss"].to_numpy()
+    assert out.loc[0, "p_t"] == pytest.approx(ss.ttest_rel(ode, ref).pvalue)
+    # higher_is_better flips the direction (e.g. accuracy)
+    flipped = st.compare_arms(df, "val_loss", reference="baseline", higher_is_better=True)
+    assert list(flipped["verdict"][:2]) == ["worse", "better"]
+
+
+def test_compare_arms_pairs_by_seed_not_row_order():
+    df = _synthetic_runs()
+    shuffled = df.sample(frac=1.0, random_state=3)
+    a = st.compare_arms(df, "val_loss", reference="baseline").set_index("arm")
+    b = st.compare_arms(shuffled, "val_loss", reference="baseline").set_index("arm")
+    pd.testing.assert_frame_equal(a.loc[["ode", "worse", "noise"]], b.loc[["ode", "worse", "noise"]])
+
+
+def test_compare_arms_missing_seeds():
+    df = _synthetic_runs()
+    df = df[~((df.arm == "ode") & df.seed.isin([2, 5]))]
+    with pytest.raises(ValueError, match=r"missing from 'ode': \[2, 5\]"):
+        st.compare_arms(df, "val_loss", reference="baseline")
+    out = st.compare_arms(df, "val_loss", reference="baseline", allow_missing=True)
+    assert dict(zip(out["arm"], out["n"])) == {"ode": 6, "worse": 8, "noise": 8}
+    # a NaN metric (diverged run) counts as a missing seed
+    df2 = _synthetic_runs()
+    df2.loc[(df2.arm == "noise") & (df2.seed == 7), "val_loss"] = np.nan
+    with pytest.raises(ValueError, match=r"missing from 'noise': \[7\]"):
+        st.compare_arms(df2, "val_loss", reference="baseline")
+
+
+def test_compare_arms_errors():
+    df = _synthetic_runs()
+    with pytest.raises(ValueError, match=r"unknown reference arm 'base'; valid arms are \['baseline', 'ode'"):
+        st.compare_arms(df, "val_loss", reference="base")
+    with pytest.raises(ValueError, match=r"columns \['test_loss'\] not in the data frame"):
+        st.compare_arms(df, "test_loss", reference="baseline")
+    dup = pd.concat([df, df.iloc[[1]]])
+    with pytest.raises(ValueError, match=r"arm 'ode' has more than one run for seeds \[0\]"):
+        st.compare_arms(dup, "val_loss", reference="baseline")
+    with pytest.raises(ValueError, match="only arm"):
+        st.compare_arms(df[df.arm == "baseline"], "val_loss", reference="baseline")
+
+
+# --------------------------------------------------------------------------- summary / format
+
+
+def test_summary_table():
+    df = _synthetic_runs(seeds=range(5))
+    df["tokens_per_s"] = 1000.0 + df["seed"]
+    out = st.summary_table(df, ["val_loss", "tokens_per_s"], order=["ode", "baseline"])
+    assert list(out["arm"]) == ["ode", "baseline"]
+    assert list(out.columns) == [
+        "arm", "n", "val_loss_mean", "val_loss_ci", "val_loss_sd",
+        "tokens_per_s_mean", "tokens_per_s_ci", "tokens_per_s_sd",
+    ]
+    r = st.mean_ci(df[df.arm == "ode"]["val_loss"])
+    assert out.loc[0, "val_loss_mean"] == pytest.approx(r["mean"])
+    assert out.loc[0, "val_loss_ci"] == pytest.approx(r["ci_half"])
+    assert out.loc[0, "val_loss_sd"] == pytest.approx(r["sd"])
+    assert (out["n"] == 5).all()
+    default = st.summary_table(df, "val_loss")
+    assert list(default["arm"]) == ["baseline", "ode", "worse", "noise"]
+    with pytest.raises(ValueError, match=r"unknown arms \['rnn'\] in order; valid arms are"):
+        st.summary_table(df, ["val_loss"], order=["rnn"])
+
+
+def test_summary_table_reports_per_metric_n_when_nans_dropped():
+    df = _synthetic_runs(seeds=range(4))
+    df.loc[(df.arm == "ode") & (df.seed == 0), "val_loss"] = np.nan
+    out = st.summary_table(df, ["val_loss"]).set_index("arm")
+    assert out.loc["ode", "n"] == 4 and out.loc["ode", "val_loss_n"] == 3
+
+
+def test_format_mean_ci_and_table():
+    assert st.format_mean_ci(1.23449, 0.01234) == "1.234 ± 0.012"
+    assert st.format_mean_ci(5.0, 0.25, digits=2) == "5.00 ± 0.25"
+    assert st.format_mean_ci(float("nan"), 0.1) == "–"
+    assert st.format_mean_ci(2.0, float("nan")) == "2.000 ± –"
+    summary = pd.DataFrame(
+        {"arm": ["a", "b"], "n": [5, 1], "loss_mean": [1.5, np.nan], "loss_ci": [0.05, np.nan], "loss_sd": [0.1, np.nan]}
+    )
+    shown = st.format_table(summary, ["loss"], digits=2)
+    assert list(shown.columns) == ["arm", "n", "loss"]
+    assert list(shown["loss"]) == ["1.50 ± 0.05", "–"]
+
+
+# --------------------------------------------------------------------------- export
+
+
+def test_export_table_writes_three_files(tmp_path):
+    df = pd.DataFrame(
+        {"arm": ["ode_rk4", "base&50%"], "val_loss": [5.123456789, np.nan], "n": [5, 5], "tokens/s": [123456.7, 9.87654]}
+    )
+    paths = st.export_table(df, tmp_path / "sub" / "table.v1")
+    assert [p.name for p in paths] == ["table.v1.csv", "table.v1.md", "table.v1.tex"]
+    assert all(p.exists() for p in paths)
+    assert not [p for p in paths[0].parent.iterdir() if p.name.endswith(".tmp")]
+
+    back = pd.read_csv(paths[0])
+    assert back.loc[0, "val_loss"] == 5.123456789  # full precision in the CSV
+
+    md = paths[1].read_text()
+    assert md.splitlines()[0] == "| arm | val_loss | n | tokens/s |"
+    assert md.splitlines()[1] == "|---|---:|---:|---:|"
+    assert "| ode_rk4 | 5.123 | 5 | 123,457 |" in md
+    assert "| base&50% | – | 5 | 9.877 |" in md
+
+    tex = paths[2].read_text()
+    assert r"\begin{tabular}{lrrr}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
+    assert r"arm & val\_loss & n & tokens/s \\" in tex
+    assert r"ode\_rk4 & 5.123 & 5 & 123,457 \\" in tex
+    assert r"base\&50\% & -- & 5 & 9.877 \\" in tex
+
+
+def test_export_formatted_table_escapes_pm(tmp_path):
+    shown = pd.DataFrame({"arm": ["a"], "loss": [st.format_mean_ci(1.5, 0.05)]})
+    _, md, tex = st.export_table(shown, tmp_path / "t")
+    assert "| a | 1.500 ± 0.050 |" in md.read_text()
+    assert r"a & 1.500 $\pm$ 0.050 \\" in tex.read_text()
+
+
+def test_export_table_overwrites(tmp_path):
+    st.export_table(pd.DataFrame({"x": [1.0]}), tmp_path / "t")
+    st.export_table(pd.DataFrame({"x": [2.0]}), tmp_path / "t")
+    assert (tmp_path / "t.md").read_text() == "| x |\n|---:|\n| 2 |\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.md", "t.tex"]
