@@ -110,6 +110,7 @@ def _train_in_subprocess(tc: TrainConfig, out_dir: Path) -> RunRecord:
     config_file = out_dir / "config.json"
     _atomic_write_text(config_file, json.dumps(to_dict(dataclasses.replace(tc, progress=False))))
     log = out_dir / "train.log"
+    (out_dir / RECORD_NAME).unlink(missing_ok=True)  # what we read back must be this child's
     with open(log, "w") as log_file:
         child = subprocess.Popen([sys.executable, "-m", "nodelm_lib.experiment", str(config_file)],
                                  stdout=log_file, stderr=subprocess.STDOUT, env=os.environ.copy())

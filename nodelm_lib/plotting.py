@@ -87,6 +87,7 @@ def plot_efficiency(ax: plt.Axes, runs, x_metric: str, y_metric: str, order=None
         half = 0.0 if np.isnan(ys["ci_half"]) else ys["ci_half"]
         ax.errorbar(xs["mean"], ys["mean"], yerr=half, fmt="o", capsize=4, color=f"C{i % 6}")
         ax.annotate(arm, (xs["mean"], ys["mean"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.xaxis.set_major_formatter(mpl.ticker.EngFormatter())  # 250k, not 250000 (labels overlap)
     ax.set_xlabel(x_label or x_metric)
     ax.set_ylabel(y_label or y_metric)
 

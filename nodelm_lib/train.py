@@ -365,7 +365,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     except BaseException as err:  # save what was computed, then let the error through
         record.status = "failed" if isinstance(err, NonFiniteError) else "interrupted"
         record.error = f"{type(err).__name__}: {err}"
-        _finish(record, tc, device, t_start, train_time, time_before, start, out_dir)
+        _finish(record, tc, device, t_start, train_time, time_before, out_dir)
         raise
     finally:
         bar.close()
@@ -384,7 +384,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
         save_training_state(ckpt_path, model, optimizer, tc.max_steps, batch_gen, record)
     if ckpt_path is not None and ckpt_path.exists():
         record.checkpoint = str(ckpt_path)
-    _finish(record, tc, device, t_start, train_time, time_before, start, out_dir)
+    _finish(record, tc, device, t_start, train_time, time_before, out_dir)
     record.model = model
     return record
 
@@ -413,13 +413,13 @@ def _train_step(model, optimizer, tc, step, train_tokens, batch_gen, device, gro
 
 
 def _finish(record: RunRecord, tc: TrainConfig, device, t_start: float, train_time: float, time_before: float,
-            start: int, out_dir) -> None:
-    """Timings (wall time of this process; training time over all processes of a resumed run;
-    tokens/s of the steps this process ran), peak memory, and the record written to out_dir."""
+            out_dir) -> None:
+    """Timings (wall time of this process; training time and tokens/s over all processes of a
+    resumed run), peak memory (of this process), and the record written to out_dir."""
     record.wall_time_s = time.perf_counter() - t_start
     record.train_time_s = time_before + train_time
-    steps_here = len(record.metrics) - start
-    record.tokens_per_s = steps_here * tc.batch_size * tc.seq_len / train_time if train_time > 0 else 0.0
+    tokens = len(record.metrics) * tc.batch_size * tc.seq_len
+    record.tokens_per_s = tokens / record.train_time_s if record.train_time_s > 0 else 0.0
     record.peak_memory_mb = peak_memory_mb(device)
     if out_dir is not None:
         record.to_json(out_dir / RECORD_NAME)

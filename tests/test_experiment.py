@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -169,3 +170,99 @@ def test_record_rows_and_time_to_target():
     hit = time_to_target(curves, 2.5).set_index("arm")
     assert hit.loc["a", "time_to_target_s"] == 1.0 and hit.loc["a", "step_to_target"] == 4
     assert pd.isna(hit.loc["b", "time_to_target_s"])
+
+
+# --------------------------------------------------------------------------- arms, FLOPs, tables
+
+
+def test_for_arch_applies_each_archs_depth_convention():
+    from nodelm_lib.config import for_arch
+
+    base = nl.ModelConfig(vocab_size=256, d_model=32, n_heads=4, n_layers=6, ode=nl.ODEConfig(method="rk4", n_steps=3))
+    assert for_arch(base, "node").ode == nl.ODEConfig(method="rk4", n_steps=6)
+    hybrid = for_arch(base, "hybrid")
+    assert (hybrid.ode_start, hybrid.ode_end, hybrid.ode.n_steps) == (2, 4, 3)
+    constant = dataclasses.replace(for_arch(base, "ti_mlp"), modulation="constant")
+    assert for_arch(constant, "gpt").modulation == "time"  # an option gpt does not have is reset
+    with pytest.raises(ValueError, match="model.arch='rnn' is not valid"):
+        for_arch(base, "rnn")
+
+
+def test_with_values_sets_dotted_keys_and_whole_configs():
+    from nodelm_lib.config import with_values
+
+    tc = with_values(tiny(), {"model.ode.method": "rk4", "seed": 7})
+    assert tc.model.ode.method == "rk4" and tc.seed == 7
+    model = nl.ModelConfig(arch="node", vocab_size=256, d_model=16, n_heads=2, n_layers=2, ode=nl.ODEConfig(n_steps=2))
+    assert with_values(tiny(), {"model": model}).model == model
+    with pytest.raises(ValueError, match="model.n_layers=3 but model.ode.n_steps=2"):
+        with_values(tiny(), {"model": model, "model.n_layers": 3})
+
+
+def test_architecture_arms_add_a_parameter_matched_gpt():
+    model = nl.ModelConfig(vocab_size=256, d_model=64, n_heads=4, n_layers=4)
+    arms = experiment.architecture_arms(model, ["gpt", "ti_mlp"], match_to="ti_mlp")
+    assert list(arms) == ["gpt", "ti_mlp", "gpt_matched"]
+    target = nl.count_params(arms["ti_mlp"]["model"])["non_embedding"]
+    matched = arms["gpt_matched"]["model"]
+    assert matched.arch == "gpt" and matched.d_model < model.d_model
+    assert abs(nl.count_params(matched)["non_embedding"] - target) < 0.1 * target
+
+
+def test_forward_flops_per_token_counts_matmuls_attention_and_every_stage():
+    from nodelm_lib.profiling import forward_flops_per_token
+
+    d, L, T, V = 32, 2, 16, 256
+    gpt = nl.build_model(nl.ModelConfig(vocab_size=V, d_model=d, n_heads=4, n_layers=L, max_seq_len=T))
+    # per layer: qkv 3d^2, proj d^2, MLP 8d^2 multiply-adds per token, attention 2 T d (full T x T)
+    assert forward_flops_per_token(gpt, T) == L * (2 * 12 * d * d + 2 * 2 * T * d) + 2 * d * V
+
+    def body(method):
+        cfg = nl.ModelConfig(arch="ti_mlp", vocab_size=V, d_model=d, n_heads=4, n_layers=2, max_seq_len=T,
+                             ode=nl.ODEConfig(method=method, n_steps=2))
+        return forward_flops_per_token(nl.build_model(cfg), T) - 2 * d * V
+
+    assert body("rk4") == pytest.approx(4 * body("euler"), rel=1e-6)  # four field evaluations per step
+
+
+def test_report_table_shows_mean_ci_and_the_paired_comparison():
+    import pandas as pd
+
+    from nodelm_lib import stats
+
+    runs = pd.DataFrame({"arm": ["a"] * 3 + ["b"] * 3, "seed": [0, 1, 2] * 2,
+                         "test_loss": [2.0, 2.1, 2.2, 1.5, 1.61, 1.69], "params": [100] * 3 + [50] * 3})
+    table = stats.report_table(runs, {"test_loss": ("test loss", 3), "params": ("params", 0)}, reference="a",
+                               test_metric="test_loss").set_index("arm")
+    assert table.loc["a", "test loss"] == "2.100 ± 0.248"  # t_{0.975,2} * 0.1 / sqrt(3)
+    assert table.loc["b", "params"] == "50"  # the same for every seed: no interval
+    assert table.loc["a", "Δ test loss vs a"] == "–" and table.loc["b", "Δ test loss vs a"].startswith("-0.5 ± ")
+    expected = stats.compare_arms(runs, "test_loss", "a").iloc[0]
+    assert table.loc["b", "p (paired t, Holm)"] == f"{expected['p_t_holm']:.3g}"
+
+
+def test_ablation_arms_share_their_reference_and_check_it():
+    model = nl.ModelConfig(arch="ti_mlp", vocab_size=256, d_model=32, n_heads=4, n_layers=4, ode=nl.ODEConfig(n_steps=4))
+    studies = experiment.ablation_arms(model)
+    for reference, arms in studies.values():
+        assert reference in arms
+    assert studies["modulation"][1]["time"] == studies["steps_solver"][1]["euler 4"] == {"model": model}
+    assert studies["steps_solver"][1]["rk4 8"]["model"].ode == nl.ODEConfig(method="rk4", n_steps=8)
+    assert studies["state_size"][1]["N=64"]["model"].arch == "ti_ssm"
+    with pytest.raises(ValueError, match="'euler 4'"):
+        experiment.ablation_arms(model, steps=(2, 8))
+    with pytest.raises(ValueError, match="ti_mlp"):
+        experiment.ablation_arms(nl.ModelConfig(vocab_size=256))
+
+
+def test_depth_curve_at_the_trained_steps_reproduces_the_runs_validation_loss(tmp_path):
+    model = nl.ModelConfig(arch="ti_mlp", vocab_size=256, d_model=32, n_heads=4, n_layers=2, max_seq_len=32,
+                           ode=nl.ODEConfig(n_steps=2))
+    record = nl.run(tiny(model=model), store=tmp_path / "runs", checkpoints=tmp_path / "ckpt")
+    curve = experiment.depth_curve(record, [1, 2, 4], ["euler", "rk4"], checkpoints=tmp_path / "ckpt").set_index(
+        ["method", "n_steps"])
+    assert curve.loc[("euler", 2), "val_loss"] == pytest.approx(record.final["val_loss"], abs=1e-6)
+    assert list(curve["nfe"]) == [1, 2, 4, 4, 8, 16]
+    assert curve.loc[("euler", 4), "val_loss"] != curve.loc[("euler", 2), "val_loss"]
+    with pytest.raises(FileNotFoundError, match="need_checkpoint=True"):
+        experiment.depth_curve(record, [2], checkpoints=tmp_path / "elsewhere")
