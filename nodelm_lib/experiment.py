@@ -37,10 +37,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+import torch
 from tqdm import tqdm
 
 from .config import ModelConfig, TrainConfig, for_arch, from_dict, to_dict, with_values
-from .train import CHECKPOINT_NAME, RECORD_NAME, RunRecord, _atomic_write_text, train, with_tokenizer_vocab
+from .train import (CHECKPOINT_NAME, RECORD_NAME, RunRecord, _atomic_write_text, eval_batches, evaluate, train,
+                    with_tokenizer_vocab)
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where used: `import nodelm_lib` stays light (child processes)
@@ -243,12 +245,9 @@ def depth_curve(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[
     per forward pass) and ``val_loss``. Needs the run's final model on disk (``run(...,
     need_checkpoint=True)``).
     """
-    import numpy as np
     import pandas as pd
 
     from .checkpoints import load_model
-    from .data import fixed_batches, load_tokens
-    from .train import evaluate
 
     path = checkpoint_path(record.config_hash, checkpoints)
     if not path.exists():
@@ -257,10 +256,7 @@ def depth_curve(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[
     tc = record.train_config
     model = load_model(path, device=device)
     trained = model.cfg.ode
-    tokens = load_tokens(tc.dataset, "validation", tc.tokenizer, data_dir=tc.data_dir).astype(np.int64)
-    import torch
-
-    batches = fixed_batches(torch.from_numpy(tokens), tc.eval_batches, tc.batch_size, tc.seq_len, tc.eval_seed)
+    batches = eval_batches(tc, "validation")  # the batches the run's own evaluations used
     rows = []
     for method in methods or [trained.method]:
         for n in eval_steps:

@@ -240,6 +240,18 @@ def with_tokenizer_vocab(tc: TrainConfig) -> TrainConfig:
     return tc
 
 
+def split_tokens(tc: TrainConfig, split: str) -> torch.Tensor:
+    """One split of ``tc``'s corpus as an int64 tensor of token ids."""
+    arr = load_tokens(tc.dataset, split, tc.tokenizer, data_dir=tc.data_dir)
+    return torch.from_numpy(arr.astype(np.int64))
+
+
+def eval_batches(tc: TrainConfig, split: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The fixed evaluation batches of ``split`` (drawn with ``eval_seed``: the same for every
+    seed and architecture of a comparison)."""
+    return fixed_batches(split_tokens(tc, split), tc.eval_batches, tc.batch_size, tc.seq_len, tc.eval_seed)
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 
@@ -313,12 +325,8 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     out_dir = Path(tc.out_dir) if tc.out_dir else None
     ckpt_path = out_dir / CHECKPOINT_NAME if out_dir else None
 
-    def tokens(split: str) -> torch.Tensor:
-        arr = load_tokens(tc.dataset, split, tc.tokenizer, data_dir=tc.data_dir)
-        return torch.from_numpy(arr.astype(np.int64))
-
-    train_tokens = tokens("train")
-    val_batches = fixed_batches(tokens("validation"), tc.eval_batches, tc.batch_size, tc.seq_len, tc.eval_seed)
+    train_tokens = split_tokens(tc, "train")
+    val_batches = eval_batches(tc, "validation")
 
     torch.manual_seed(tc.seed)  # initialisation and dropout masks
     model = build_model(tc.model).to(device)
@@ -372,7 +380,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
         if writer is not None:
             writer.close()
 
-    test_batches = fixed_batches(tokens("test"), tc.eval_batches, tc.batch_size, tc.seq_len, tc.eval_seed)
+    test_batches = eval_batches(tc, "test")
     record.final = {
         "train_loss": _final_train_loss(record.metrics),
         "val_loss": record.evals[-1]["val_loss"],
