@@ -222,6 +222,10 @@ class TimeEmbedding(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(n_features, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
+        # depends on t alone: while decoding, computed once per call site (solver stage)
+        return cached_per_call(lambda: self.embed(t))
+
+    def embed(self, t: torch.Tensor) -> torch.Tensor:
         feats = sinusoidal_features(t, self.n_features).to(self.mlp[0].weight.dtype)
         return self.mlp(feats).reshape(-1)  # (D,), broadcast over batch and positions
 
@@ -326,7 +330,8 @@ class TimeModulation(nn.Module):
         self.net[0].reset_parameters()
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        return self.net(time_code(t, self.n_features).to(self.net[0].weight.dtype))
+        # depends on t alone: while decoding, computed once per call site (solver stage)
+        return cached_per_call(lambda: self.net(time_code(t, self.n_features).to(self.net[0].weight.dtype)))
 
 
 class ModulatedLinear(nn.Module):

@@ -8,6 +8,8 @@ import torch
 import nodelm_lib as nl
 from nodelm_lib.config import ARCHS
 from nodelm_lib.generate import sample_next
+import nodelm_lib.models.node as node_module
+import nodelm_lib.nn as nn_module
 from nodelm_lib.nn import DecodeCache, HyperLinear
 from nodelm_lib.ode.solve import FIXED_STEP_METHODS
 
@@ -68,6 +70,20 @@ def test_time_dependent_weights_are_computed_once_per_step_not_per_token(monkeyp
     # the prefill pass: 4 layers x 3 Euler steps; the 9 single-token passes reuse them
     assert len(calls) == 4 * 3
 
+
+@pytest.mark.parametrize("arch, owner, name", [("hybrid", nn_module.TimeEmbedding, "embed"),
+                                               ("node", node_module, "time_code"),
+                                               ("ti_mlp", nn_module, "time_code"),
+                                               ("ti_ssm", nn_module, "time_code")])
+def test_what_depends_on_t_alone_is_computed_on_the_prefill_pass_only(monkeypatch, arch, owner, name):
+    """The time embedding / time code / modulation trunk of every stage: once per (step,
+    stage) on the first pass, never again for the single-token passes (rk4: 4 stages)."""
+    model = trained_like(small(arch, "rk4"))
+    calls = []
+    original = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *a, **k: calls.append(1) or original(*a, **k))
+    nl.generate(model, torch.zeros(1, 3, dtype=torch.long), 10, temperature=0)
+    assert len(calls) == 3 * 4  # 3 rk4 steps x 4 stages, all in the prefill pass
 
 def test_ssm_cache_keeps_one_recurrent_state_per_step_and_stage():
     model = trained_like(small("ti_ssm", "heun"))

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig, ODEConfig
-from ..nn import HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, mlp_hidden, time_code
+from ..nn import HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, cached_per_call, mlp_hidden, time_code
 from ..ode.grid import refine
 from .common import ContinuousDepthLM
 from .gpt import GPT
@@ -46,7 +46,7 @@ class NodeField(nn.Module):
         self.mlp = TimeMLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout, linear)
 
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        code = time_code(t, self.time_features).to(x.device)
+        code = cached_per_call(lambda: time_code(t, self.time_features).to(x.device))  # t alone: once per stage
         return self.attn(self.ln_1(x, code), code) + self.mlp(self.ln_2(x, code), code)
 
 
