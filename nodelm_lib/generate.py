@@ -14,6 +14,8 @@ cache, and the tokens are the same either way.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -73,13 +75,16 @@ def _check_args(model, idx, max_new_tokens, temperature, top_k, top_p) -> None:
 @torch.inference_mode()  # lighter than no_grad: no version counters on the many small decode tensors
 def generate(model: CausalLM, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
-             generator: torch.Generator | None = None, return_logits: bool = False, **model_kwargs):
+             generator: torch.Generator | None = None, return_logits: bool = False,
+             on_token: Callable[[torch.Tensor], None] | None = None, **model_kwargs):
     """Extend ``idx`` (B, T) by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens).
 
     ``temperature=0`` is greedy decoding; ``top_k`` / ``top_p`` restrict sampling;
     ``generator`` makes sampling reproducible. ``use_cache=False`` recomputes the whole
     window for every token (the reference the cache is tested against). ``return_logits``
     also returns the logits each new token was drawn from, (B, max_new_tokens, V).
+    ``on_token``, if given, is called with each new (B, 1) token as soon as it is drawn: for
+    streaming output, or timing every token (``bench/decode.py``).
     ``model_kwargs`` go to every forward (e.g. the hybrid's ``control``). The model is put in
     eval mode for the call and restored afterwards.
     """
@@ -101,7 +106,10 @@ def generate(model: CausalLM, idx: torch.Tensor, max_new_tokens: int, temperatur
                 logits, _ = model(out[:, -1:], cache=cache, **model_kwargs)
             last = logits[:, -1]
             steps_logits.append(last)
-            out = torch.cat([out, sample_next(last, temperature, top_k, top_p, generator)], dim=1)
+            token = sample_next(last, temperature, top_k, top_p, generator)
+            out = torch.cat([out, token], dim=1)
+            if on_token is not None:
+                on_token(token)
     finally:
         model.train(was_training)
     if return_logits:

@@ -150,6 +150,25 @@ def test_sampling_is_reproducible_with_a_generator_and_arguments_are_checked():
     assert model.training  # restored
 
 
+def test_on_token_sees_every_new_token_as_it_is_drawn():
+    model = trained_like(small("gpt"))
+    idx = torch.zeros(2, 3, dtype=torch.long)
+    seen, lengths = [], []
+    out = nl.generate(model, idx, 6, generator=torch.Generator().manual_seed(0),
+                      on_token=lambda tok: seen.append(tok.clone()))
+    assert len(seen) == 6 and all(t.shape == (2, 1) for t in seen)
+    assert torch.equal(torch.cat(seen, dim=1), out[:, 3:])
+
+    # called before the next forward pass: a streaming consumer sees tokens one at a time
+    def stop_after_two(tok):
+        lengths.append(len(lengths) + 1)
+        if len(lengths) == 2:
+            raise KeyboardInterrupt
+    model.train()
+    with pytest.raises(KeyboardInterrupt):
+        nl.generate(model, idx, 6, on_token=stop_after_two)
+    assert lengths == [1, 2] and model.training  # the mode is restored on the way out
+
 # --------------------------------------------------------------------------- model files
 
 
