@@ -3,7 +3,8 @@
 
 Subcommands:
   train     train one run from a YAML config and/or ``--set key=value`` overrides
-  generate  sample text from a saved model (``--checkpoint``: a model file or a run's checkpoint)
+  generate  sample text from a saved model, printed as it is generated (``--checkpoint``: a model
+            file or a run's checkpoint)
   eval      loss / perplexity of a saved model over a whole split, at a chosen context length
   tables    rewrite the README's generated tables from results/
 """
@@ -65,10 +66,39 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("--prompt is empty after tokenisation; give at least one token")
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     idx = torch.tensor([ids], dtype=torch.long, device=args.device)
-    out = generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, use_cache=not args.no_cache, generator=generator)
-    print(tok.decode(out[0].tolist()))
+    stream = TextStream(tok, ids)
+    generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+             top_p=args.top_p, use_cache=not args.no_cache, generator=generator,
+             on_token=lambda token: stream.add(token.item()))
+    stream.close()
     return 0
+
+
+class TextStream:
+    """Prints decoded text as tokens arrive: the prompt first, then what each token adds.
+
+    Text is held back while it ends in U+FFFD: a BPE token can carry part of a UTF-8
+    character, which decodes only once the rest of it has arrived."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int]):
+        self.tokenizer, self.ids, self.printed = tokenizer, list(prompt_ids), 0
+        self._flush(final=False)
+
+    def add(self, token_id: int) -> None:
+        self.ids.append(token_id)
+        self._flush(final=False)
+
+    def close(self) -> None:
+        self._flush(final=True)
+        print(flush=True)
+
+    def _flush(self, final: bool) -> None:
+        text = self.tokenizer.decode(self.ids)
+        if not final:
+            text = text.rstrip("\ufffd")
+        if len(text) > self.printed:
+            print(text[self.printed:], end="", flush=True)
+            self.printed = len(text)
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -201,6 +201,24 @@ def test_a_crafted_pickle_is_refused_without_running_it(tmp_path):
         nl.load_model(tmp_path / "missing.pt")
 
 
+def test_the_cli_stream_holds_back_a_character_split_across_tokens(capsys):
+    from nodelm_lib.cli import TextStream
+
+    class Bytes:  # a byte-level tokenizer: a non-ASCII character spans tokens
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    stream = TextStream(Bytes(), list(b"caf"))
+    assert capsys.readouterr().out == "caf"
+    stream.add(0xC3)  # the first byte of "é"
+    assert capsys.readouterr().out == ""
+    stream.add(0xA9)
+    assert capsys.readouterr().out == "é"
+    stream.add(0xC3)  # left incomplete at the end: printed as it decodes
+    stream.close()
+    assert capsys.readouterr().out == "\ufffd\n"
+
+
 def test_a_training_run_is_loadable_and_the_cli_generates_and_evaluates(tmp_path, capsys):
     from nodelm_lib.cli import main
 
