@@ -52,17 +52,20 @@ def timed_generate(model, prompt, new_tokens: int, use_cache: bool) -> tuple[tor
     return out, np.diff([start, *stamps])
 
 
+def bin_best(latencies: np.ndarray, bin_size: int) -> np.ndarray:
+    """Each token's latency replaced by the fastest one in its bin of ``bin_size`` positions."""
+    bins = np.split(latencies, range(bin_size, len(latencies), bin_size))
+    return np.concatenate([np.full(len(b), b.min()) for b in bins])
+
+
 def best_case_seconds(latencies: np.ndarray, bin_size: int) -> float:
     """Every token charged its bin's fastest token: sum over bins of len(bin) * min(bin)."""
-    bins = [latencies[i:i + bin_size] for i in range(0, len(latencies), bin_size)]
-    return float(sum(len(b) * b.min() for b in bins))
+    return float(bin_best(latencies, bin_size).sum())
 
 
 def slow_share(latencies: np.ndarray, bin_size: int) -> float:
     """Share of tokens that took over twice their bin's fastest token."""
-    best = np.concatenate([np.full(len(b), b.min()) for b in
-                           (latencies[i:i + bin_size] for i in range(0, len(latencies), bin_size))])
-    return float((latencies > 2 * best).mean())
+    return float((latencies > 2 * bin_best(latencies, bin_size)).mean())
 
 
 def main() -> None:
