@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", help="write the run record JSON here")
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("generate", help="sample text from a saved model (printed as it is generated)")
+    p = sub.add_parser("generate", help="sample text from a saved model, printed as it is generated")
     p.add_argument("--checkpoint", required=True, help="model file (nl.save_checkpoint) or a run's checkpoint.pt / out_dir")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=200)
