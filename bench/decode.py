@@ -20,7 +20,8 @@ time behind it), and the first pass at a new window length can cost a one-off ~1
 the uncached path, which meets a new length at every token). Where these fall decides the
 *wall* ratio of a run; *slow* is the share of tokens that took over twice their bin's best.
 A bin of cached tokens spans only 50-300 ms and can lie wholly inside a slow period, so *best*
-errs against the cache, never for it.
+errs against the cache; the one way it errs for it is the first cached token, which carries the
+prompt's prefill and is charged its bin's fastest (one short forward in 512 tokens).
 """
 
 from __future__ import annotations
