@@ -77,15 +77,16 @@ def _generate(args: argparse.Namespace) -> int:
 class TextStream:
     """Prints decoded text as tokens arrive: the prompt first, then what each token adds.
 
-    Text is held back while it ends in U+FFFD: a BPE token can carry part of a UTF-8
-    character, which decodes only once the rest of it has arrived."""
+    Tokens not yet printed are held while their text ends in U+FFFD: a BPE token can carry
+    part of a UTF-8 character, which decodes only once the rest of it has arrived. Only the
+    held tokens are decoded per call (both tokenizers decode by concatenation)."""
 
     def __init__(self, tokenizer, prompt_ids: list[int]):
-        self.tokenizer, self.ids, self.printed = tokenizer, list(prompt_ids), 0
+        self.tokenizer, self.pending = tokenizer, list(prompt_ids)
         self._flush(final=False)
 
     def add(self, token_id: int) -> None:
-        self.ids.append(token_id)
+        self.pending.append(token_id)
         self._flush(final=False)
 
     def close(self) -> None:
@@ -93,12 +94,10 @@ class TextStream:
         print(flush=True)
 
     def _flush(self, final: bool) -> None:
-        text = self.tokenizer.decode(self.ids)
-        if not final:
-            text = text.rstrip("\ufffd")
-        if len(text) > self.printed:
-            print(text[self.printed:], end="", flush=True)
-            self.printed = len(text)
+        text = self.tokenizer.decode(self.pending)
+        if final or not text.endswith("\ufffd"):
+            print(text, end="", flush=True)
+            self.pending.clear()
 
 
 def _eval(args: argparse.Namespace) -> int:
