@@ -103,5 +103,6 @@ def main() -> None:
         print(f"{arch:8} {method:7} {fast:>13.1f} {slow:>15.1f} {fast / slow:>6.1f}x "
               f"{best_fast:>12.1f} {best_slow:>14.1f} {best_fast / best_slow:>6.1f}x {shares:>23}", flush=True)
 
+
 if __name__ == "__main__":
     main()

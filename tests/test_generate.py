@@ -169,6 +169,7 @@ def test_on_token_sees_every_new_token_as_it_is_drawn():
         nl.generate(model, idx, 6, on_token=stop_after_two)
     assert lengths == [1, 2] and model.training  # the mode is restored on the way out
 
+
 # --------------------------------------------------------------------------- model files
 
 
