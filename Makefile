@@ -160,8 +160,11 @@ $(2): $(1)
 endef
 $(foreach nb,$(NOTEBOOKS),$(if $(call nb_alias,$(nb)),$(eval $(call alias_rule,$(nb),$(call nb_alias,$(nb))))))
 
+# The CPU probe (python -m nodelm_lib cpu) before and after says how much of its speed this
+# machine gave: a shared VM can run the same profile at very different wall times.
 reproduce: setup
-	@start=$$(date +%s); rc=0; \
+	@$(VPY) -m nodelm_lib cpu --seconds 10 | sed 's/^/>> before: /'; \
+	start=$$(date +%s); rc=0; \
 	for nb in $(NOTEBOOKS); do \
 	  $(MAKE) --no-print-directory $$nb PROFILE=$(PROFILE) || { rc=$$?; break; }; \
 	done; \
@@ -169,6 +172,7 @@ reproduce: setup
 	secs=$$(( $$(date +%s) - start )); \
 	printf '>> reproduce [%s]: %s after %dh%02dm%02ds (%d s)\n' "$(PROFILE)" \
 	  "$$([ $$rc -eq 0 ] && echo done || echo FAILED)" $$((secs/3600)) $$((secs%3600/60)) $$((secs%60)) $$secs; \
+	$(VPY) -m nodelm_lib cpu --seconds 10 | sed 's/^/>> after: /'; \
 	exit $$rc
 
 tables: setup

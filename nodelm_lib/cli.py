@@ -7,6 +7,8 @@ Subcommands:
             file or a run's checkpoint)
   eval      loss / perplexity of a saved model over a whole split, at a chosen context length
   tables    rewrite the README's generated tables from results/
+  cpu       how much of one core's speed this (shared) machine gives now; ``make reproduce``
+            prints it before and after, to read its timings by
 """
 
 from __future__ import annotations
@@ -125,6 +127,16 @@ def _tables(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cpu(args: argparse.Namespace) -> int:
+    from .profiling import cpu_availability
+
+    res = cpu_availability(seconds=args.seconds)
+    print(f"cpu availability {res['availability']:.2f} over {res['seconds']:.1f} s: {res['chunks']} identical chunks, "
+          f"fastest {res['best_ms']:.1f} ms, median {res['median_ms']:.1f} ms (timings taken now run about "
+          f"{1 / res['availability']:.1f}x this machine's best)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m nodelm_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tables", help="rewrite README tables from results/")
     p.add_argument("--readme", default="README.md")
     p.set_defaults(func=_tables)
+
+    p = sub.add_parser("cpu", help="how much of one core's speed this machine gives now (a shared VM reads < 1)")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long to measure")
+    p.set_defaults(func=_cpu)
     return parser
 
 

@@ -1,8 +1,11 @@
-"""Memory measurements: bytes kept for backward (deterministic) and peak memory of a call."""
+"""Measurements: bytes kept for backward (deterministic), peak memory of a call, forward
+FLOPs per token, and how much of its CPU speed a shared machine is giving right now."""
 
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from typing import Callable, TypeVar
 
 import torch
@@ -111,3 +114,44 @@ def forward_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
     finally:
         model.train(was_training)
     return counter.get_total_flops() / seq_len
+
+
+def availability_from_times(chunk_seconds: list[float]) -> float:
+    """Share of the elapsed time a fixed workload ran at its fastest speed: ``n * min / sum``
+    over the times of ``n`` identical chunks. 1 when every chunk ran as fast as the fastest."""
+    if not chunk_seconds or min(chunk_seconds) <= 0:
+        raise ValueError(f"need at least one positive chunk time, got {chunk_seconds!r}")
+    return len(chunk_seconds) * min(chunk_seconds) / sum(chunk_seconds)
+
+
+def _spin(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def cpu_availability(seconds: float = 10.0, chunk_s: float = 0.02) -> dict:
+    """How much of one core's speed this machine gives now: a fixed pure-Python loop is run in
+    chunks of about ``chunk_s`` for ``seconds``, and the fastest chunk stands for the core's own
+    speed (``availability_from_times``). About 1 on a dedicated core. A shared VM whose vCPU is
+    throttled or preempted reads lower: every timing taken meanwhile (ms/step, tokens/s, a
+    notebook's wall time) is then about ``1 / availability`` times what the same code takes on
+    this machine at its best. Returns availability, chunks, best_ms, median_ms, seconds.
+    """
+    if seconds <= 0 or chunk_s <= 0:
+        raise ValueError(f"seconds and chunk_s must be positive, got seconds={seconds}, chunk_s={chunk_s}")
+    calibration, fastest = 20_000, float("inf")
+    for _ in range(3):  # the fastest of three, in case one lands in a stall
+        t0 = time.perf_counter()
+        _spin(calibration)
+        fastest = min(fastest, time.perf_counter() - t0)
+    n = max(1_000, int(calibration * chunk_s / max(fastest, 1e-6)))
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        _spin(n)
+        times.append(time.perf_counter() - t0)
+    return {"availability": availability_from_times(times), "chunks": len(times), "best_ms": min(times) * 1e3,
+            "median_ms": statistics.median(times) * 1e3, "seconds": sum(times)}

@@ -1,11 +1,12 @@
-"""Memory measurements: they must see live tensors and nothing else."""
+"""Measurements: memory must see live tensors and nothing else; CPU availability is the share
+of time a fixed workload runs at its fastest."""
 
 import math
 
 import pytest
 import torch
 
-from nodelm_lib.profiling import peak_memory_mb, saved_tensor_bytes
+from nodelm_lib.profiling import availability_from_times, cpu_availability, peak_memory_mb, saved_tensor_bytes
 
 
 def hold_all(n):
@@ -53,3 +54,27 @@ def test_saved_tensor_bytes_counts_what_backward_keeps():
     nbytes, y = saved_tensor_bytes(lambda: (x * x).sum())
     assert nbytes == 2 * 100 * 4  # mul saves both operands
     assert y.requires_grad
+
+
+def test_availability_is_the_share_of_time_at_the_fastest_speed():
+    assert availability_from_times([0.01] * 5) == pytest.approx(1.0)
+    # three chunks at full speed and one stalled for 10x: 4 * 0.01 of 0.13 s
+    assert availability_from_times([0.01, 0.01, 0.1, 0.01]) == pytest.approx(0.04 / 0.13)
+    with pytest.raises(ValueError, match="positive chunk time"):
+        availability_from_times([])
+
+
+def test_cpu_availability_measures_chunks_for_the_time_asked():
+    res = cpu_availability(seconds=0.3, chunk_s=0.01)
+    assert 0 < res["availability"] <= 1
+    assert res["chunks"] >= 2 and res["best_ms"] <= res["median_ms"]
+    assert 0.3 <= res["seconds"] < 5  # the loop stops at the first chunk past 0.3 s
+    with pytest.raises(ValueError, match="seconds=0"):
+        cpu_availability(seconds=0)
+
+
+def test_cli_prints_the_availability(capsys):
+    from nodelm_lib.cli import main
+
+    assert main(["cpu", "--seconds", "0.2"]) == 0
+    assert capsys.readouterr().out.startswith("cpu availability 0.")
