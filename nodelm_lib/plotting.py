@@ -83,13 +83,42 @@ def plot_efficiency(ax: plt.Axes, runs, x_metric: str, y_metric: str, order=None
     against loss, to see whether an arm is better or only smaller."""
     arms, y_stats = _arm_stats(runs, y_metric, order)
     _, x_stats = _arm_stats(runs, x_metric, order)
-    for i, (arm, xs, ys) in enumerate(zip(arms, x_stats, y_stats)):
+    for i, (xs, ys) in enumerate(zip(x_stats, y_stats)):
         half = 0.0 if np.isnan(ys["ci_half"]) else ys["ci_half"]
         ax.errorbar(xs["mean"], ys["mean"], yerr=half, fmt="o", capsize=4, color=f"C{i % 6}")
-        ax.annotate(arm, (xs["mean"], ys["mean"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
     ax.xaxis.set_major_formatter(mpl.ticker.EngFormatter())  # 250k, not 250000 (labels overlap)
     ax.set_xlabel(x_label or x_metric)
     ax.set_ylabel(y_label or y_metric)
+    label_points(ax, [s["mean"] for s in x_stats], [s["mean"] for s in y_stats], arms)
+
+
+# a label's place around its point, in order of preference: (offset in points, alignment)
+LABEL_PLACES = [((6, 4), "left", "bottom"), ((6, -4), "left", "top"),
+                ((-6, 4), "right", "bottom"), ((-6, -4), "right", "top")]
+
+
+def label_points(ax: plt.Axes, xs, ys, labels) -> list:
+    """Write each label next to its point, on the first side of it (upper right, lower right,
+    upper left, lower left) where it does not overlap a label already written: arms with
+    nearly the same coordinates stay readable. Places are judged at the axes' current size,
+    after autoscaling; returns the text artists."""
+    ax.autoscale_view()
+    renderer = ax.figure.canvas.get_renderer()
+    placed, texts = [], []
+    for x, y, label in zip(xs, ys, labels):
+        for offset, ha, va in LABEL_PLACES:
+            text = ax.annotate(label, (x, y), textcoords="offset points", xytext=offset, ha=ha, va=va, fontsize=8)
+            box = text.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            text.remove()
+        else:  # crowded on every side: keep the first place
+            offset, ha, va = LABEL_PLACES[0]
+            text = ax.annotate(label, (x, y), textcoords="offset points", xytext=offset, ha=ha, va=va, fontsize=8)
+            box = text.get_window_extent(renderer)
+        placed.append(box)
+        texts.append(text)
+    return texts
 
 
 def plot_curves(ax: plt.Axes, curves, x: str = "step", y: str = "val_loss", order=None, band: str = "ci") -> None:
