@@ -9,14 +9,13 @@ A file holds only plain containers, numbers, strings and tensors, so ``torch.loa
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 from pathlib import Path
 
 import torch
 
 from .config import ModelConfig, from_dict, to_dict
+from .files import atomic_write
 from .models import CausalLM, build_model
 
 FORMAT = "nodelm-model-1"
@@ -30,17 +29,8 @@ def model_state(model: CausalLM, **metadata) -> dict:
 def save_checkpoint(model: CausalLM, path: str | Path, **metadata) -> Path:
     """Write ``model`` (config + weights + ``metadata``, values plain Python or tensors) to
     ``path`` atomically: a crash mid-write leaves the previous file intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(model_state(model, **metadata), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    state = model_state(model, **metadata)
+    return atomic_write(path, lambda f: torch.save(state, f))
 
 
 def read_checkpoint(path: str | Path) -> dict:

@@ -20,11 +20,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import secrets
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .files import atomic_write
 
 log = logging.getLogger("nodelm_lib.data")
 
@@ -328,21 +329,6 @@ def token_cache_path(corpus: str, split: str, tokenizer: str, text: str, cache_d
     return cache_dir / f"{corpus}-{split}-{tokenizer}-{key[:20]}.npy"
 
 
-def _save_atomic(path: Path, arr: np.ndarray) -> None:
-    # write to a temp file in the same dir, then rename: a crash or a concurrent
-    # reader never sees a half-written cache file. (Not mkstemp: its files are 0600,
-    # which would hide a shared cache from other users.)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            np.save(f, arr)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def load_tokens(corpus: str, split: str, tokenizer: str = "char", data_dir=None,
                 cache_dir=None, variant=None) -> np.ndarray:
     """One split as a 1-D array of token ids (uint16 when the vocabulary fits, else
@@ -356,7 +342,7 @@ def load_tokens(corpus: str, split: str, tokenizer: str = "char", data_dir=None,
         return np.load(path)
     tok = get_tokenizer(tokenizer, data_dir=data_dir)
     ids = tok.encode_array(text)
-    _save_atomic(path, ids)
+    atomic_write(path, lambda f: np.save(f, ids))
     log.info("%s/%s/%s: %d tokens, cached at %s", corpus, split, tokenizer, len(ids), path)
     return ids
 

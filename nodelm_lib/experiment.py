@@ -41,7 +41,8 @@ import torch
 from tqdm import tqdm
 
 from .config import ModelConfig, TrainConfig, for_arch, from_dict, to_dict, with_values
-from .train import (CHECKPOINT_NAME, RECORD_NAME, RunRecord, _atomic_write_text, eval_batches, evaluate, train,
+from .files import atomic_write_text
+from .train import (CHECKPOINT_NAME, RECORD_NAME, RunRecord, eval_batches, evaluate, train,
                     with_tokenizer_vocab)
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def _train_in_subprocess(tc: TrainConfig, out_dir: Path) -> RunRecord:
     """``train(tc)`` in a fresh interpreter; its output goes to ``out_dir/train.log``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     config_file = out_dir / "config.json"
-    _atomic_write_text(config_file, json.dumps(to_dict(dataclasses.replace(tc, progress=False))))
+    atomic_write_text(config_file, json.dumps(to_dict(dataclasses.replace(tc, progress=False))))
     log = out_dir / "train.log"
     (out_dir / RECORD_NAME).unlink(missing_ok=True)  # what we read back must be this child's
     with open(log, "w") as log_file:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from .models.common import CausalLM
 from .nn import DecodeCache

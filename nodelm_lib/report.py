@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .files import atomic_write_text
+
 MARKER = re.compile(r"(<!-- table: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
 
@@ -52,5 +54,5 @@ def update_readme_tables(readme: Path) -> list[str]:
 
     new = MARKER.sub(render, text)
     if new != text:
-        readme.write_text(new)
+        atomic_write_text(readme, new)
     return used

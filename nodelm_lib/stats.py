@@ -21,15 +21,15 @@ are a real check.
 from __future__ import annotations
 
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats as _dist
+
+from .files import atomic_write_text
 
 #: Wilcoxon signed-rank p-values are exact (all 2**n sign assignments) up to this many
 #: non-zero differences, and use the tie-corrected normal approximation above it.
@@ -536,19 +536,6 @@ def latex_table(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file next to ``path``, then ``os.replace`` it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def export_table(df: pd.DataFrame, path_stem) -> list[Path]:
     """Write ``df`` to ``<stem>.csv``, ``<stem>.md`` and ``<stem>.tex``; return the paths.
 
@@ -565,5 +552,5 @@ def export_table(df: pd.DataFrame, path_stem) -> list[Path]:
     paths = [Path(f"{stem}.csv"), Path(f"{stem}.md"), Path(f"{stem}.tex")]
     texts = [df.to_csv(index=False), markdown_table(df), latex_table(df)]
     for path, text in zip(paths, texts):
-        _write_atomic(path, text)
+        atomic_write_text(path, text)
     return paths

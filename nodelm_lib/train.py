@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import platform
 import resource
 import subprocess
@@ -35,6 +34,7 @@ from tqdm import tqdm  # text bar everywhere: tqdm.auto warns without ipywidgets
 
 from . import __version__
 from .config import TrainConfig, from_dict, to_dict
+from .files import atomic_write, atomic_write_text
 from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch
 from .models import CausalLM, build_model
 from .profiling import forward_flops_per_token
@@ -79,7 +79,7 @@ class RunRecord:
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(dataclasses.asdict(self), indent=1)
         if path is not None:
-            _atomic_write_text(Path(path), text)
+            atomic_write_text(path, text)
         return text
 
     @classmethod
@@ -91,20 +91,6 @@ class RunRecord:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _atomic_torch_save(obj: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -259,24 +245,22 @@ def save_training_state(path: Path, model, optimizer, step: int, batch_gen: torc
     """Everything an exact resume needs; also a model file ``nl.load_model`` reads (it holds
     the model's config, the tokenizer and the dataset next to the weights)."""
     config = record.config
-    _atomic_torch_save(
-        {
-            "step": step,
-            "model": model.state_dict(),
-            "model_config": config["model"] | {"vocab_size": model.cfg.vocab_size},
-            "tokenizer": config["tokenizer"],
-            "dataset": config["dataset"],
-            "optimizer": optimizer.state_dict(),
-            "batch_generator": batch_gen.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "config_hash": record.config_hash,
-            "metrics": record.metrics,
-            "evals": record.evals,
-            "train_time_s": record.train_time_s,
-        },
-        path,
-    )
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "model_config": config["model"] | {"vocab_size": model.cfg.vocab_size},
+        "tokenizer": config["tokenizer"],
+        "dataset": config["dataset"],
+        "optimizer": optimizer.state_dict(),
+        "batch_generator": batch_gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "config_hash": record.config_hash,
+        "metrics": record.metrics,
+        "evals": record.evals,
+        "train_time_s": record.train_time_s,
+    }
+    atomic_write(path, lambda f: torch.save(state, f))
 
 
 def load_training_state(path: Path, model, optimizer, batch_gen: torch.Generator, record: RunRecord) -> int:

@@ -425,7 +425,7 @@ def plot_token_spectra(spectra: dict[str, TokenSpectrum]) -> plt.Figure:
         ax.plot(k, s.svd, "-", color=color, label=f"{name}: log singular values")
         ax.plot(k, s.qr, "o", ms=2.5, mfc="none", color=color, label=f"{name}: QR (Benettin)")
     ax.axhline(0.0, color="0.5", lw=0.8)
-    ax.set(title=f"Finite-time Lyapunov spectrum of one token over t in [0, 1]", xlabel="index k",
+    ax.set(title="Finite-time Lyapunov spectrum of one token over t in [0, 1]", xlabel="index k",
            ylabel="exponent (1/τ) log growth")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -24,7 +24,6 @@ import torch.nn as nn
 
 from ..config import ModelConfig, ODEConfig
 from ..nn import HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, cached_per_call, mlp_hidden, time_code
-from ..ode.grid import refine
 from .common import ContinuousDepthLM
 from .gpt import GPT
 
