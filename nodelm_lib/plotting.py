@@ -106,19 +106,23 @@ def label_points(ax: plt.Axes, xs, ys, labels) -> list:
     renderer = ax.figure.canvas.get_renderer()
     placed, texts = [], []
     for x, y, label in zip(xs, ys, labels):
-        for offset, ha, va in LABEL_PLACES:
-            text = ax.annotate(label, (x, y), textcoords="offset points", xytext=offset, ha=ha, va=va, fontsize=8)
-            box = text.get_window_extent(renderer)
+        for place in LABEL_PLACES:
+            text, box = _annotate(ax, label, (x, y), place, renderer)
             if not any(box.overlaps(other) for other in placed):
                 break
             text.remove()
         else:  # crowded on every side: keep the first place
-            offset, ha, va = LABEL_PLACES[0]
-            text = ax.annotate(label, (x, y), textcoords="offset points", xytext=offset, ha=ha, va=va, fontsize=8)
-            box = text.get_window_extent(renderer)
+            text, box = _annotate(ax, label, (x, y), LABEL_PLACES[0], renderer)
         placed.append(box)
         texts.append(text)
     return texts
+
+
+def _annotate(ax: plt.Axes, label: str, xy, place, renderer):
+    """``label`` at ``place`` (offset in points, alignment) from ``xy``; the text and its box."""
+    offset, ha, va = place
+    text = ax.annotate(label, xy, textcoords="offset points", xytext=offset, ha=ha, va=va, fontsize=8)
+    return text, text.get_window_extent(renderer)
 
 
 def plot_curves(ax: plt.Axes, curves, x: str = "step", y: str = "val_loss", order=None, band: str = "ci") -> None:
