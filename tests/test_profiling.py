@@ -68,7 +68,7 @@ def test_cpu_availability_measures_chunks_for_the_time_asked():
     res = cpu_availability(seconds=0.3, chunk_s=0.01)
     assert 0 < res["availability"] <= 1
     assert res["chunks"] >= 2 and res["best_ms"] <= res["median_ms"]
-    assert 0.3 <= res["seconds"] < 5  # the loop stops at the first chunk past 0.3 s
+    assert 0.3 <= res["seconds"] < 20  # stops at the first chunk past 0.3 s (a stalled VM can stretch one)
     with pytest.raises(ValueError, match="seconds=0"):
         cpu_availability(seconds=0)
 
