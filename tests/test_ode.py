@@ -1,6 +1,7 @@
 """nl.odeint: fixed-step solvers (orders, grids, torch.compile) and every sensitivity against direct."""
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -370,8 +371,9 @@ def test_adjoints_with_an_adaptive_solver(sensitivity):
 @pytest.mark.parametrize("sensitivity", ["reversible", "backsolve"])
 def test_peak_memory_of_flat_memory_methods_does_not_grow_with_steps(sensitivity):
     """Forward + backward at 64 steps peaks within a few states of 4 steps. A state is 1 MiB, so
-    that allocator noise (under 1 MiB measured) stays below the bound; keeping every state would
-    add 60 MiB."""
+    that allocator noise (typically under 0.3 MiB) stays below the bound; keeping every state would
+    add 60 MiB. Each peak is the median of three runs: an occasional single run here reads MiB off
+    (one CI run measured 3.04 MiB of growth, one rerun -5 MiB; the cause is not known)."""
     from nodelm_lib.profiling import peak_memory_mb
 
     torch.manual_seed(0)
@@ -387,7 +389,7 @@ def test_peak_memory_of_flat_memory_methods_does_not_grow_with_steps(sensitivity
         return peak_memory_mb(run)[0]
 
     peak(4)  # warm-up
-    small, large = peak(4), peak(64)
+    small, large = (statistics.median(peak(n) for _ in range(3)) for n in (4, 64))
     if math.isnan(small):
         pytest.skip("no exact CPU peak memory on this platform")
     state_mb = x0.numel() * 8 / 2**20
