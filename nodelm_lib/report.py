@@ -5,7 +5,8 @@ A README section between
     <!-- table: results/gradient_flow_cpu.csv -->
     <!-- /table -->
 
-is replaced by that CSV rendered as a Markdown table (``make tables``). The path is
+is replaced by that CSV rendered as a Markdown table (``make tables``, with
+``stats.markdown_table``: the same rendering as the tables the notebooks export). The path is
 relative to the README's folder; a marker whose CSV does not exist yet is left alone.
 """
 
@@ -17,26 +18,9 @@ from pathlib import Path
 import pandas as pd
 
 from .files import atomic_write_text
+from .stats import markdown_table
 
 MARKER = re.compile(r"(<!-- table: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
-
-
-def format_value(value) -> str:
-    if isinstance(value, float) and value != value:  # NaN: not applicable to this row
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """A GitHub Markdown table of ``df`` (numbers to 4 significant digits)."""
-    header = "| " + " | ".join(map(str, df.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    rows = ["| " + " | ".join(format_value(v) for v in row) + " |" for row in df.astype(object).itertuples(index=False)]
-    return "\n".join([header, rule, *rows]) + "\n"
 
 
 def update_readme_tables(readme: Path) -> list[str]:

@@ -471,7 +471,7 @@ def report_table(
 
 
 def _cell(value) -> str:
-    """A table cell: floats to 4 significant digits (thousands separated from 1e4)."""
+    """A table cell: floats to 4 significant digits; numbers from 1e4 up with thousands separated."""
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
             return "–"
@@ -481,7 +481,7 @@ def _cell(value) -> str:
     if isinstance(value, (bool, np.bool_)):
         return str(bool(value))
     if isinstance(value, (int, np.integer)):
-        return str(int(value))
+        return f"{int(value):,}" if abs(value) >= 10_000 else str(int(value))
     if value is None or value is pd.NA:
         return "–"
     return str(value)
