@@ -34,8 +34,8 @@ from tqdm import tqdm  # text bar everywhere: tqdm.auto warns without ipywidgets
 
 from . import __version__
 from .config import TrainConfig, from_dict, to_dict
-from .files import atomic_write, atomic_write_text
 from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch
+from .files import atomic_write, atomic_write_text
 from .models import CausalLM, build_model
 from .profiling import forward_flops_per_token
 
