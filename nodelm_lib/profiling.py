@@ -135,9 +135,10 @@ def cpu_availability(seconds: float = 10.0, chunk_s: float = 0.02) -> dict:
     """How much of one core's speed this machine gives now: a fixed pure-Python loop is run in
     chunks of about ``chunk_s`` for ``seconds``, and the fastest chunk stands for the core's own
     speed (``availability_from_times``). About 1 on a dedicated core. A shared VM whose vCPU is
-    throttled or preempted reads lower: every timing taken meanwhile (ms/step, tokens/s, a
-    notebook's wall time) is then about ``1 / availability`` times what the same code takes on
-    this machine at its best. Returns availability, chunks, best_ms, median_ms, seconds.
+    throttled or preempted reads lower, and timings taken meanwhile (ms/step, tokens/s, a
+    notebook's wall time) are slower too, though not by ``1 / availability``: on this project's
+    VM, readings of 0.24-0.31 came with torch training steps 1.2-2x slower than on a normal day.
+    Returns availability, chunks, best_ms, median_ms, seconds.
     """
     if seconds <= 0 or chunk_s <= 0:
         raise ValueError(f"seconds and chunk_s must be positive, got seconds={seconds}, chunk_s={chunk_s}")
