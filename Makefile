@@ -2,7 +2,8 @@
 #
 #   make setup                 create $(VENV) (if missing) and install torch + nodelm[dev]
 #   make test                  unit tests, then nbval over notebooks/ (smoke parameters)
-#   make reproduce PROFILE=cpu every notebook with params/<nb>/$(PROFILE).yaml, then tables
+#   make reproduce PROFILE=cpu every notebook with params/<nb>/$(PROFILE).yaml, timed into
+#                              results/reproduce_$(PROFILE).{json,csv}; then tables
 #
 # torch is installed first, on its own, so that you choose the build:
 #   default:        TORCH_SPEC=torch==2.13.0 from pip's configured sources (find-links, PyPI)
@@ -160,20 +161,15 @@ $(2): $(1)
 endef
 $(foreach nb,$(NOTEBOOKS),$(if $(call nb_alias,$(nb)),$(eval $(call alias_rule,$(nb),$(call nb_alias,$(nb))))))
 
-# The CPU probe (python -m nodelm_lib cpu) before and after says how much of its speed this
-# machine gave: a shared VM can run the same profile at very different wall times.
+# nodelm_lib.reproduce runs `make <nb>` for each notebook and times it, between two CPU probes
+# (a shared VM can run the same profile at very different wall times), writing the timings to
+# results/reproduce_$(PROFILE).{json,csv} after every notebook; tables then renders them in README.
+# (Through SUBMAKE, not $(MAKE) itself: a recipe line that names $(MAKE) runs even under
+# `make -n`, which would write a record of notebooks that were only printed.)
+SUBMAKE = $(MAKE)
 reproduce: setup
-	@$(VPY) -m nodelm_lib cpu --seconds 10 | sed 's/^/>> before: /'; \
-	start=$$(date +%s); rc=0; \
-	for nb in $(NOTEBOOKS); do \
-	  $(MAKE) --no-print-directory $$nb PROFILE=$(PROFILE) || { rc=$$?; break; }; \
-	done; \
-	if [ $$rc -eq 0 ]; then $(MAKE) --no-print-directory tables PROFILE=$(PROFILE) || rc=$$?; fi; \
-	secs=$$(( $$(date +%s) - start )); \
-	printf '>> reproduce [%s]: %s after %dh%02dm%02ds (%d s)\n' "$(PROFILE)" \
-	  "$$([ $$rc -eq 0 ] && echo done || echo FAILED)" $$((secs/3600)) $$((secs%3600/60)) $$((secs%60)) $$secs; \
-	$(VPY) -m nodelm_lib cpu --seconds 10 | sed 's/^/>> after: /'; \
-	exit $$rc
+	$(VPY) -m nodelm_lib reproduce --profile $(PROFILE) --make "$(SUBMAKE)" $(NOTEBOOKS)
+	$(VPY) -m nodelm_lib tables
 
 tables: setup
 	$(VPY) -m nodelm_lib tables

@@ -7,8 +7,10 @@ Subcommands:
             file or a run's checkpoint)
   eval      loss / perplexity of a saved model over a whole split, at a chosen context length
   tables    rewrite the README's generated tables from results/
+  reproduce run notebooks in turn (``make <nb>``), timing each into results/reproduce_<profile>.json
+            and .csv, between two CPU probes (``make reproduce``)
   cpu       how much of one core's speed this (shared) machine gives now; ``make reproduce``
-            prints it before and after, to read its timings by
+            measures it before and after, to read its timings by
 """
 
 from __future__ import annotations
@@ -131,10 +133,20 @@ def _cpu(args: argparse.Namespace) -> int:
     from .profiling import cpu_availability
 
     res = cpu_availability(seconds=args.seconds)
-    print(f"cpu availability {res['availability']:.2f} over {res['seconds']:.1f} s: {res['chunks']} identical chunks, "
-          f"fastest {res['best_ms']:.1f} ms, median {res['median_ms']:.1f} ms (timings taken now run about "
-          f"{1 / res['availability']:.1f}x this machine's best)")
+    chunks = f"{res['chunks']} identical chunk" + ("s" if res["chunks"] != 1 else "")
+    print(f"cpu availability {res['availability']:.2f} over {res['seconds']:.1f} s: {chunks}, "
+          f"fastest {res['best_ms']:.1f} ms, median {res['median_ms']:.1f} ms (the loop took {1 / res['availability']:.1f}x "
+          f"its fastest speed on average)")
     return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from .reproduce import make_notebook, probe, reproduce
+
+    root = Path(args.root)
+    record = reproduce(args.notebooks, args.profile, root, run_notebook=make_notebook(args.make, args.profile, root),
+                       cpu_probe=lambda: probe(args.probe_seconds))
+    return 0 if record.status == "done" else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tables", help="rewrite README tables from results/")
     p.add_argument("--readme", default="README.md")
     p.set_defaults(func=_tables)
+
+    p = sub.add_parser("reproduce", help="run notebooks in turn (make <nb>), timing each into results/reproduce_<profile>.json")
+    p.add_argument("notebooks", nargs="+", help="Makefile notebook targets, in order (e.g. 01_gradient_flow)")
+    p.add_argument("--profile", default="cpu", help="params/<nb>/<profile>.yaml (default: cpu)")
+    p.add_argument("--make", default="make", help="make command (the Makefile passes $(MAKE))")
+    p.add_argument("--root", default=".", help="repository root (Makefile, results/)")
+    p.add_argument("--probe-seconds", type=float, default=10.0, help="length of each CPU probe")
+    p.set_defaults(func=_reproduce)
 
     p = sub.add_parser("cpu", help="how much of one core's speed this machine gives now (a shared VM reads < 1)")
     p.add_argument("--seconds", type=float, default=10.0, help="how long to measure")

@@ -1,0 +1,146 @@
+"""``make reproduce``: every notebook of a profile in turn, timed, with a record of the timings.
+
+The Makefile keeps the recipe for one notebook (papermill with ``params/<nb>/<profile>.yaml``);
+``reproduce`` runs ``make <nb> PROFILE=<profile>`` for each and, after each one, rewrites
+
+    results/reproduce_<profile>.json   started, commit, CPU probe readings, per-notebook seconds,
+                                       new stored runs, total, status
+    results/reproduce_<profile>.csv    the same as a table (``make tables`` renders it in README)
+
+so that a reproduce stopped halfway keeps the times it measured, and a total quoted anywhere comes
+from a record. The CPU probe (``profiling.cpu_availability``) runs before and after: on a shared
+VM the same profile takes very different wall times, and the reading says what kind of day it was.
+Notebooks 02 and 03 read runs already in ``results/runs/<profile>/`` back instead of training
+them; ``new_stored_runs`` counts the records a step added there, so a total with 0 of them timed
+reading, not training. Only a reproduce that starts with that folder empty times the whole
+experiment (01 and 04-06 always train: they do not use the run store).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from .files import atomic_write_text
+
+
+@dataclass
+class Step:
+    """One timed step: a notebook, or a CPU probe (whose result goes in ``status``)."""
+
+    name: str
+    started: str
+    seconds: float
+    status: str
+    new_stored_runs: int | None = None
+
+
+@dataclass
+class ReproduceRecord:
+    profile: str
+    started: str
+    commit: str | None
+    steps: list[Step] = field(default_factory=list)
+    total_s: float | None = None
+    status: str = "running"
+
+    def table(self) -> pd.DataFrame:
+        """One row per step, then the total (the CSV that README renders)."""
+        rows = [{"step": s.name, "started (UTC)": s.started, "minutes": s.seconds / 60,
+                 "new stored runs": s.new_stored_runs, "status": s.status} for s in self.steps]
+        total = self.total_s if self.total_s is not None else sum(s.seconds for s in self.steps)
+        rows.append({"step": "total", "started (UTC)": self.started, "minutes": total / 60,
+                     "new stored runs": sum(s.new_stored_runs or 0 for s in self.steps), "status": self.status})
+        return pd.DataFrame(rows).astype({"new stored runs": "Int64"})
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def _git_commit(root: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def make_notebook(make: str, profile: str, root: Path) -> Callable[[str], int]:
+    """The default way to run one notebook: ``make --no-print-directory <nb> PROFILE=<profile>``."""
+    def run(notebook: str) -> int:
+        return subprocess.run([make, "--no-print-directory", notebook, f"PROFILE={profile}"], cwd=root).returncode
+    return run
+
+
+def probe(seconds: float = 10.0) -> str:
+    from .profiling import cpu_availability
+
+    return f"cpu availability {cpu_availability(seconds=seconds)['availability']:.2f}"
+
+
+def _stored_runs(runs_dir: Path) -> int:
+    return len(list(runs_dir.glob("*.json"))) if runs_dir.is_dir() else 0
+
+
+def _timed(name: str, fn: Callable[[], str], counts: Callable[[], int] | None = None) -> Step:
+    before = counts() if counts else None
+    started, t0 = dt.datetime.now(dt.timezone.utc).strftime("%H:%M"), time.perf_counter()
+    status = fn()
+    runs = counts() - before if counts else None
+    return Step(name, started, time.perf_counter() - t0, status, runs)
+
+
+def reproduce(notebooks: list[str], profile: str, root: str | Path = ".",
+              run_notebook: Callable[[str], int] | None = None,
+              cpu_probe: Callable[[], str] = probe, log: Callable[[str], None] = print) -> ReproduceRecord:
+    """Run ``notebooks`` in order (stop at the first that fails), between two CPU probes, writing
+    ``results/reproduce_<profile>.{json,csv}`` after every step. Returns the record; its status
+    is ``done``, ``failed at <nb>`` or, after Ctrl-C (re-raised), ``interrupted at <nb>``."""
+    if not notebooks:
+        raise ValueError("no notebooks to run")
+    root = Path(root)
+    run_notebook = run_notebook or make_notebook("make", profile, root)
+    record = ReproduceRecord(profile=profile, started=_now(), commit=_git_commit(root))
+    stem = root / "results" / f"reproduce_{profile}"
+    runs_dir = root / "results" / "runs" / profile
+
+    def save() -> None:
+        atomic_write_text(Path(f"{stem}.json"), json.dumps(asdict(record), indent=2) + "\n")
+        atomic_write_text(Path(f"{stem}.csv"), record.table().to_csv(index=False))
+
+    t0 = time.perf_counter()
+    record.steps.append(_timed("cpu probe before", cpu_probe))
+    log(f">> before: {record.steps[-1].status}")
+    save()
+    for nb in notebooks:
+        try:
+            step = _timed(nb, lambda: "done" if run_notebook(nb) == 0 else "failed", lambda: _stored_runs(runs_dir))
+        except KeyboardInterrupt:
+            record.status = f"interrupted at {nb}"
+            record.total_s = time.perf_counter() - t0
+            save()
+            raise
+        record.steps.append(step)
+        log(f">> {nb} [{profile}]: {step.status} in {step.seconds:.0f} s ({step.new_stored_runs} new stored runs)")
+        save()
+        if step.status != "done":
+            record.status = f"failed at {nb}"
+            break
+    record.steps.append(_timed("cpu probe after", cpu_probe))
+    log(f">> after: {record.steps[-1].status}")
+    record.total_s = time.perf_counter() - t0
+    if record.status == "running":
+        record.status = "done"
+    save()
+    secs = round(record.total_s)
+    log(f">> reproduce [{profile}]: {record.status} after {secs // 3600}h{secs % 3600 // 60:02d}m{secs % 60:02d}s "
+        f"({secs} s); timings in {stem}.json")
+    return record

@@ -1,0 +1,98 @@
+"""make reproduce's timing record: every step timed and saved as it finishes, so a stopped
+reproduce keeps what it measured; a failed notebook stops the rest."""
+
+import json
+import stat
+
+import pandas as pd
+import pytest
+
+from nodelm_lib.cli import main
+from nodelm_lib.reproduce import reproduce
+from nodelm_lib.stats import markdown_table
+
+
+def _record(root, profile="cpu"):
+    return json.loads((root / "results" / f"reproduce_{profile}.json").read_text())
+
+
+def _notebook_that_stores(root, runs_per_notebook, calls):
+    """A stand-in for `make <nb>`: stores runs like 02 would and remembers what it was asked."""
+    def run(nb):
+        calls.append(nb)
+        runs = root / "results" / "runs" / "cpu"
+        runs.mkdir(parents=True, exist_ok=True)
+        for i in range(runs_per_notebook.get(nb, 0)):
+            (runs / f"{nb}_{i}.json").write_text("{}")
+        return 0
+    return run
+
+
+def test_every_notebook_is_timed_between_two_probes(tmp_path):
+    calls, lines = [], []
+    record = reproduce(["01_a", "02_b"], "cpu", tmp_path, run_notebook=_notebook_that_stores(tmp_path, {"02_b": 3}, calls),
+                       cpu_probe=lambda: "cpu availability 0.50", log=lines.append)
+    assert calls == ["01_a", "02_b"] and record.status == "done"
+    assert [s.name for s in record.steps] == ["cpu probe before", "01_a", "02_b", "cpu probe after"]
+    assert [s.new_stored_runs for s in record.steps] == [None, 0, 3, None]
+    assert record.total_s >= sum(s.seconds for s in record.steps) > 0
+
+    saved = _record(tmp_path)
+    assert saved["status"] == "done" and saved["steps"][0]["status"] == "cpu availability 0.50"
+    table = pd.read_csv(tmp_path / "results" / "reproduce_cpu.csv")
+    assert list(table["step"]) == ["cpu probe before", "01_a", "02_b", "cpu probe after", "total"]
+    assert table["new stored runs"].iloc[-1] == 3 and table["status"].iloc[-1] == "done"
+    assert "| total |" in markdown_table(table)  # what `make tables` puts in README
+    assert lines[-1].startswith(">> reproduce [cpu]: done after 0h00m")
+
+
+def test_a_failed_notebook_stops_the_rest_and_is_recorded(tmp_path):
+    calls = []
+
+    def run(nb):
+        calls.append(nb)
+        return 2 if nb == "02_b" else 0
+
+    record = reproduce(["01_a", "02_b", "03_c"], "cpu", tmp_path, run_notebook=run, cpu_probe=lambda: "probe",
+                       log=lambda _: None)
+    assert calls == ["01_a", "02_b"]
+    assert record.status == "failed at 02_b"
+    assert [(s["name"], s["status"]) for s in _record(tmp_path)["steps"]] == [
+        ("cpu probe before", "probe"), ("01_a", "done"), ("02_b", "failed"), ("cpu probe after", "probe")]
+
+
+def test_times_are_on_disk_as_each_notebook_ends_and_survive_ctrl_c(tmp_path):
+    seen = {}
+
+    def run(nb):
+        if nb == "02_b":
+            seen["before 02_b"] = [s["name"] for s in _record(tmp_path)["steps"]]
+            raise KeyboardInterrupt
+        return 0
+
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(["01_a", "02_b", "03_c"], "cpu", tmp_path, run_notebook=run, cpu_probe=lambda: "probe",
+                  log=lambda _: None)
+    assert seen["before 02_b"] == ["cpu probe before", "01_a"]
+    saved = _record(tmp_path)
+    assert saved["status"] == "interrupted at 02_b" and [s["name"] for s in saved["steps"]][-1] == "01_a"
+    assert saved["total_s"] > 0
+
+
+def test_no_notebooks_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="no notebooks"):
+        reproduce([], "cpu", tmp_path)
+
+
+def test_cli_runs_make_with_the_profile(tmp_path):
+    """`python -m nodelm_lib reproduce` calls `<make> --no-print-directory <nb> PROFILE=<profile>` in --root."""
+    fake_make = tmp_path / "fake_make"
+    fake_make.write_text('#!/bin/sh\necho "$@" >> calls.txt\n[ "$2" != bad ]\n')
+    fake_make.chmod(fake_make.stat().st_mode | stat.S_IXUSR)
+    args = ["reproduce", "--root", str(tmp_path), "--make", str(fake_make), "--profile", "smoke", "--probe-seconds", "0.05"]
+    assert main(args + ["nb1", "nb2"]) == 0
+    assert (tmp_path / "calls.txt").read_text().splitlines() == ["--no-print-directory nb1 PROFILE=smoke",
+                                                                 "--no-print-directory nb2 PROFILE=smoke"]
+    assert _record(tmp_path, "smoke")["steps"][0]["status"].startswith("cpu availability ")
+    assert main(args + ["bad", "nb3"]) == 1
+    assert _record(tmp_path, "smoke")["status"] == "failed at bad"
