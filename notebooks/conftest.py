@@ -1,0 +1,28 @@
+"""nbval over the notebooks: when a cell fails because this run wrote to stderr and the stored
+notebook did not, print what it wrote. nbval itself only says "Unexpected output fields from
+running code: {'stderr'}"; pytest shows the printed text under "Captured stdout call".
+
+(Why: one CI run failed that way in two figure cells of 05_integrators and passed on rerun, and
+nothing said what the stderr was.)
+"""
+
+try:
+    from nbval.plugin import IPyNbCell
+except ImportError:  # plain pytest over this folder, without the [dev] extra: nothing to patch
+    IPyNbCell = None
+
+
+def stderr_text(outputs) -> str:
+    return "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr")
+
+
+if IPyNbCell is not None:
+    _compare_outputs = IPyNbCell.compare_outputs
+
+    def _compare_outputs_and_show_new_stderr(self, test, ref, skip_compare=None):
+        same = _compare_outputs(self, test, ref, skip_compare)
+        if not same and stderr_text(test) and not stderr_text(ref):
+            print(f"stderr of this run, absent from the stored notebook:\n{stderr_text(test)}")
+        return same
+
+    IPyNbCell.compare_outputs = _compare_outputs_and_show_new_stderr
