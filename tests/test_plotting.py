@@ -1,4 +1,4 @@
-"""Figure helpers: labels of nearby points must not overlap."""
+"""Figure helpers: labels of nearby points must not overlap; saving a figure writes no warnings."""
 
 import matplotlib
 
@@ -33,3 +33,38 @@ def test_a_fifth_label_on_a_crowded_spot_still_gets_written():
     assert [t.get_text() for t in texts] == list("abcde")
     assert all(t.axes is ax for t in texts)
     plt.close(fig)
+
+
+def test_save_figure_is_silent_about_a_slow_best_legend(tmp_path, monkeypatch):
+    """matplotlib warns when a loc="best" legend took over a second to place, which on a busy
+    machine happens by turns; nbval then fails on the unexpected stderr. Fake a clock that
+    advances 2 s per reading, check matplotlib does warn, and that save_figure does not."""
+    import itertools
+    import types
+    import warnings
+
+    import matplotlib.legend
+
+    from nodelm_lib.plotting import save_figure
+
+    ticks = itertools.count(step=2.0)
+    # only legend.py's view of the clock: pytest's own timing keeps the real one
+    monkeypatch.setattr(matplotlib.legend, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+
+    def figure():
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [0, 1], label="line")
+        ax.legend()
+        return fig
+
+    with warnings.catch_warnings(record=True) as plain:
+        warnings.simplefilter("always")
+        figure().savefig(tmp_path / "plain.png")
+    assert any("can be slow" in str(w.message) for w in plain)
+
+    with warnings.catch_warnings(record=True) as saved:
+        warnings.simplefilter("always")
+        paths = save_figure(figure(), tmp_path / "saved")
+    assert [str(w.message) for w in saved] == []
+    assert all(p.stat().st_size > 0 for p in paths)
+    plt.close("all")
