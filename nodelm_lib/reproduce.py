@@ -61,8 +61,9 @@ class ReproduceRecord:
         return pd.DataFrame(rows).astype({"new stored runs": "Int64"})
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+def _utc(fmt: str = "%Y-%m-%d %H:%M") -> str:
+    """The time now, in UTC (records are compared across machines and time zones)."""
+    return dt.datetime.now(dt.timezone.utc).strftime(fmt)
 
 
 def _git_commit(root: Path) -> str | None:
@@ -92,7 +93,7 @@ def _stored_runs(runs_dir: Path) -> int:
 
 def _timed(name: str, fn: Callable[[], str], counts: Callable[[], int] | None = None) -> Step:
     before = counts() if counts else None
-    started, t0 = dt.datetime.now(dt.timezone.utc).strftime("%H:%M"), time.perf_counter()
+    started, t0 = _utc("%H:%M"), time.perf_counter()
     status = fn()
     runs = counts() - before if counts else None
     return Step(name, started, time.perf_counter() - t0, status, runs)
@@ -108,7 +109,7 @@ def reproduce(notebooks: list[str], profile: str, root: str | Path = ".",
         raise ValueError("no notebooks to run")
     root = Path(root)
     run_notebook = run_notebook or make_notebook("make", profile, root)
-    record = ReproduceRecord(profile=profile, started=_now(), commit=_git_commit(root))
+    record = ReproduceRecord(profile=profile, started=_utc(), commit=_git_commit(root))
     stem = root / "results" / f"reproduce_{profile}"
     runs_dir = root / "results" / "runs" / profile
 
