@@ -1,9 +1,10 @@
 """Measurements: bytes kept for backward (deterministic), peak memory of a call, forward
-FLOPs per token, and how much of its CPU speed a shared machine is giving right now."""
+FLOPs per token, which CPU this is, and how much of its speed a shared machine is giving now."""
 
 from __future__ import annotations
 
 import os
+import platform
 import statistics
 import time
 from typing import Callable, TypeVar
@@ -114,6 +115,24 @@ def forward_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
     finally:
         model.train(was_training)
     return counter.get_total_flops() / seq_len
+
+
+def cpu_description() -> dict:
+    """Which CPU this process runs on, for records: the model name, the logical cores torch may
+    use, and torch's CPU capability (the widest vector instruction set its kernels dispatch to,
+    e.g. ``AVX512`` or ``AVX2``). Float results are identical on rerun on one machine but not
+    across these: a different capability runs different kernels, whose sums round differently."""
+    return {"cpu_name": _cpu_model_name(), "cpu_count": os.cpu_count(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:  # Linux: there platform.processor() only says "x86_64"
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:  # not Linux
+        names = []
+    return names[0] if names else (platform.processor() or platform.machine() or "unknown")
 
 
 def availability_from_times(chunk_seconds: list[float]) -> float:

@@ -37,7 +37,7 @@ from .config import TrainConfig, from_dict, to_dict
 from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch
 from .files import atomic_write, atomic_write_text
 from .models import CausalLM, build_model
-from .profiling import forward_flops_per_token
+from .profiling import cpu_description, forward_flops_per_token
 
 CHECKPOINT_NAME = "checkpoint.pt"
 RECORD_NAME = "record.json"
@@ -191,6 +191,7 @@ def environment(device: torch.device) -> dict:
         "platform": platform.platform(),
         "device": str(device),
         "torch_threads": torch.get_num_threads(),
+        **cpu_description(),
     }
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)

@@ -1,5 +1,5 @@
 """Measurements: memory must see live tensors and nothing else; CPU availability is the share
-of time a fixed workload runs at its fastest."""
+of time a fixed workload runs at its fastest; the CPU description names what torch runs on."""
 
 import math
 import re
@@ -7,7 +7,9 @@ import re
 import pytest
 import torch
 
-from nodelm_lib.profiling import availability_from_times, cpu_availability, peak_memory_mb, saved_tensor_bytes
+from nodelm_lib import profiling
+from nodelm_lib.profiling import (availability_from_times, cpu_availability, cpu_description, peak_memory_mb,
+                                  saved_tensor_bytes)
 
 
 def hold_all(n):
@@ -80,3 +82,16 @@ def test_cli_prints_the_availability(capsys):
     assert main(["cpu", "--seconds", "0.2"]) == 0
     # 1.00 when every chunk of so short a probe ran at the same speed (one stalled chunk can fill 0.2 s)
     assert re.match(r"cpu availability (0\.\d\d|1\.00) over \d", capsys.readouterr().out)
+
+
+def test_cpu_description_names_the_cpu_and_torch_kernels(monkeypatch):
+    desc = cpu_description()
+    assert desc["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert desc["cpu_count"] >= 1 and isinstance(desc["cpu_name"], str) and desc["cpu_name"]
+
+    def no_proc(*args, **kwargs):
+        raise FileNotFoundError("/proc/cpuinfo")
+
+    monkeypatch.setattr(profiling, "open", no_proc, raising=False)  # not Linux: platform's answer instead
+    monkeypatch.setattr(profiling.platform, "processor", lambda: "some arm chip")
+    assert cpu_description()["cpu_name"] == "some arm chip"

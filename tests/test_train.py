@@ -58,6 +58,9 @@ def test_record_contents_and_json_round_trip(tmp_path):
     assert set(rec.final) == {"train_loss", "val_loss", "test_loss"}
     assert rec.params["total"] > rec.params["non_embedding"] > 0
     assert rec.tokens_per_s > 0 and rec.peak_memory_mb > 0 and rec.environment["torch"] == torch.__version__
+    # the CPU decides which kernels run, hence the last bits of every float: records name it
+    assert rec.environment["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert rec.environment["cpu_name"] and rec.environment["cpu_count"] >= 1
     row = rec.metrics[-1]
     assert {"loss", "lr", "grad_norm", "grad_norm/ode_block", "grad_norm/wte"} <= set(row)
     groups = [v for k, v in row.items() if k.startswith("grad_norm/")]
