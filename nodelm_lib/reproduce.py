@@ -3,8 +3,8 @@
 The Makefile keeps the recipe for one notebook (papermill with ``params/<nb>/<profile>.yaml``);
 ``reproduce`` runs ``make <nb> PROFILE=<profile>`` for each and, after each one, rewrites
 
-    results/reproduce_<profile>.json   started, commit, CPU probe readings, per-notebook seconds,
-                                       new stored runs, total, status
+    results/reproduce_<profile>.json   started, commit, machine (CPU, torch), CPU probe readings,
+                                       per-notebook seconds, new stored runs, total, status
     results/reproduce_<profile>.csv    the same as a table (``make tables`` renders it in README)
 
 so that a reproduce stopped halfway keeps the times it measured, and a total quoted anywhere comes
@@ -47,16 +47,17 @@ class ReproduceRecord:
     profile: str
     started: str
     commit: str | None
+    machine: dict = field(default_factory=dict)  # CPU and torch: the same code runs at very different speeds
     steps: list[Step] = field(default_factory=list)
     total_s: float | None = None
     status: str = "running"
 
     def table(self) -> pd.DataFrame:
         """One row per step, then the total (the CSV that README renders)."""
-        rows = [{"step": s.name, "started (UTC)": s.started, "minutes": s.seconds / 60,
+        rows = [{"step": s.name, "started (UTC)": s.started, "minutes": round(s.seconds / 60, 2),
                  "new stored runs": s.new_stored_runs, "status": s.status} for s in self.steps]
         total = self.total_s if self.total_s is not None else sum(s.seconds for s in self.steps)
-        rows.append({"step": "total", "started (UTC)": self.started, "minutes": total / 60,
+        rows.append({"step": "total", "started (UTC)": self.started, "minutes": round(total / 60, 2),
                      "new stored runs": sum(s.new_stored_runs or 0 for s in self.steps), "status": self.status})
         return pd.DataFrame(rows).astype({"new stored runs": "Int64"})
 
@@ -79,6 +80,15 @@ def make_notebook(make: str, profile: str, root: Path) -> Callable[[str], int]:
     def run(notebook: str) -> int:
         return subprocess.run([make, "--no-print-directory", notebook, f"PROFILE={profile}"], cwd=root).returncode
     return run
+
+
+def machine() -> dict:
+    """What the timings depend on besides the code: the CPU (``profiling.cpu_description``) and torch."""
+    import torch
+
+    from .profiling import cpu_description
+
+    return {**cpu_description(), "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
 
 
 def probe(seconds: float = 10.0) -> str:
@@ -109,7 +119,7 @@ def reproduce(notebooks: list[str], profile: str, root: str | Path = ".",
         raise ValueError("no notebooks to run")
     root = Path(root)
     run_notebook = run_notebook or make_notebook("make", profile, root)
-    record = ReproduceRecord(profile=profile, started=_utc(), commit=_git_commit(root))
+    record = ReproduceRecord(profile=profile, started=_utc(), commit=_git_commit(root), machine=machine())
     stem = root / "results" / f"reproduce_{profile}"
     runs_dir = root / "results" / "runs" / profile
 
@@ -118,6 +128,8 @@ def reproduce(notebooks: list[str], profile: str, root: str | Path = ".",
         atomic_write_text(Path(f"{stem}.csv"), record.table().to_csv(index=False))
 
     t0 = time.perf_counter()
+    log(f">> {record.machine['cpu_name']} ({record.machine['cpu_count']} cores, "
+        f"{record.machine['cpu_capability']}), torch {record.machine['torch']}")
     record.steps.append(_timed("cpu probe before", cpu_probe))
     log(f">> before: {record.steps[-1].status}")
     save()

@@ -6,6 +6,7 @@ import stat
 
 import pandas as pd
 import pytest
+import torch
 
 from nodelm_lib.cli import main
 from nodelm_lib.reproduce import reproduce
@@ -39,6 +40,8 @@ def test_every_notebook_is_timed_between_two_probes(tmp_path):
 
     saved = _record(tmp_path)
     assert saved["status"] == "done" and saved["steps"][0]["status"] == "cpu availability 0.50"
+    assert saved["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert saved["machine"]["torch"] == torch.__version__ and saved["machine"]["cpu_name"] in lines[0]
     table = pd.read_csv(tmp_path / "results" / "reproduce_cpu.csv")
     assert list(table["step"]) == ["cpu probe before", "01_a", "02_b", "cpu probe after", "total"]
     assert table["new stored runs"].iloc[-1] == 3 and table["status"].iloc[-1] == "done"
