@@ -2,8 +2,9 @@
 notebook did not, print what it wrote. nbval itself only says "Unexpected output fields from
 running code: {'stderr'}"; pytest shows the printed text under "Captured stdout call".
 
-(Why: one CI run failed that way in two figure cells of 05_integrators and passed on rerun, and
-nothing said what the stderr was.)
+(Why: CI runs failed that way by turns, in figure cells of 05 and then 04, and passed on rerun.
+This printed the cause: matplotlib's warning that placing a loc="best" legend took over a second,
+which depends on the machine's load; ``plotting.save_figure`` now silences it.)
 """
 
 try:
