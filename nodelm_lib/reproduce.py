@@ -67,12 +67,27 @@ def _utc(fmt: str = "%Y-%m-%d %H:%M") -> str:
     return dt.datetime.now(dt.timezone.utc).strftime(fmt)
 
 
+# What a reproduce rewrites, and what a from-scratch one deletes first (results/runs/<profile>/):
+# changes there say nothing about the code that ran.
+OUTPUT_DIRS = ("results", "figures")
+
+
 def _git_commit(root: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True)
-    except OSError:
+    """The commit the notebooks run from, ``-dirty`` if tracked files outside ``OUTPUT_DIRS`` differ
+    from it (the README counts: ``make tables`` rewrites only its marked sections)."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        except OSError:
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
         return None
-    return out.stdout.strip() or None
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  *(f":(exclude){d}" for d in OUTPUT_DIRS))
+    return f"{commit}-dirty" if changed else commit
 
 
 def make_notebook(make: str, profile: str, root: Path) -> Callable[[str], int]:

@@ -3,6 +3,7 @@ reproduce keeps what it measured; a failed notebook stops the rest."""
 
 import json
 import stat
+import subprocess
 
 import pandas as pd
 import pytest
@@ -99,3 +100,27 @@ def test_cli_runs_make_with_the_profile(tmp_path):
     assert _record(tmp_path, "smoke")["steps"][0]["status"].startswith("cpu availability ")
     assert main(args + ["bad", "nb3"]) == 1
     assert _record(tmp_path, "smoke")["status"] == "failed at bad"
+
+
+def test_the_commit_is_dirty_for_code_changes_not_for_cleared_outputs(tmp_path):
+    """A from-scratch reproduce deletes the committed run records first; that must not mark the
+    record -dirty, while an edit to the code must."""
+    from nodelm_lib.reproduce import _git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "results" / "runs").mkdir(parents=True)
+    (tmp_path / "results" / "runs" / "a.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    clean = _git_commit(tmp_path)
+    assert clean and not clean.endswith("-dirty")
+
+    (tmp_path / "results" / "runs" / "a.json").unlink()
+    assert _git_commit(tmp_path) == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert _git_commit(tmp_path) == f"{clean}-dirty"
