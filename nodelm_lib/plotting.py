@@ -23,6 +23,10 @@ STYLE = {
 }
 
 
+# matplotlib's warning when placing a loc="best" legend took over a second (see save_figure)
+_SLOW_LEGEND_WARNING = 'Creating legend with loc="best" can be slow'
+
+
 def use_style() -> None:
     """Apply the project style to matplotlib's global settings."""
     mpl.rcParams.update(STYLE)
@@ -53,10 +57,6 @@ def save_figure(fig: plt.Figure, path_stem: str | Path) -> list[Path]:
         fig.savefig(paths[0], bbox_inches="tight", metadata={"Software": None})
         fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None, "Producer": None, "Creator": None})
     return paths
-
-
-_SLOW_LEGEND_WARNING = 'Creating legend with loc="best" can be slow'
-
 
 
 # --------------------------------------------------------------------------- multi-seed figures
