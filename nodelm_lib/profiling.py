@@ -120,8 +120,10 @@ def forward_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
 def cpu_description() -> dict:
     """Which CPU this process runs on, for records: the model name, the logical cores torch may
     use, and torch's CPU capability (the widest vector instruction set its kernels dispatch to,
-    e.g. ``AVX512`` or ``AVX2``). Float results are identical on rerun on one machine but not
-    across these: a different capability runs different kernels, whose sums round differently."""
+    e.g. ``AVX512`` or ``AVX2``). Float results are identical on rerun on one machine, not across
+    machines: the vector width and the blocking the BLAS picks for a CPU model set the order of
+    every sum, and so its rounding. (Forcing ``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512 EPYC did
+    not give back an older machine's numbers, so the capability alone does not decide them.)"""
     return {"cpu_name": _cpu_model_name(), "cpu_count": os.cpu_count(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
