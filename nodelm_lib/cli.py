@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reproduce", help="run notebooks in turn (make <nb>), timing each into results/reproduce_<profile>.json")
     p.add_argument("notebooks", nargs="+", help="Makefile notebook targets, in order (e.g. 01_gradient_flow)")
     p.add_argument("--profile", default="cpu", help="params/<nb>/<profile>.yaml (default: cpu)")
-    p.add_argument("--make", default="make", help="make command (the Makefile passes $(MAKE))")
+    p.add_argument("--make", default="make", help="make command (the Makefile passes its own, via SUBMAKE)")
     p.add_argument("--root", default=".", help="repository root (Makefile, results/)")
     p.add_argument("--probe-seconds", type=float, default=10.0, help="length of each CPU probe")
     p.set_defaults(func=_reproduce)
