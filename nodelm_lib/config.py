@@ -22,12 +22,15 @@ import yaml
 from .data import CORPORA, TOKENIZERS
 from .ode.solve import FIXED_STEP_METHODS, METHODS, SENSITIVITIES
 
-ARCHS = ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm")
+ARCHS = ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm")
 # one time-dependent block integrated over t in [0, 1]: the depth is the solver's steps
 CONTINUOUS_ARCHS = ("node", "ti_mlp", "ti_ssm")
 MODULATIONS = ("time", "constant")
 INTEGRATIONS = ("ode", "residual")
 DTYPES = ("float32", "bfloat16")
+# what validation and test losses are computed over: `eval_batches` random windows drawn with
+# `eval_seed`, or the whole split cut into consecutive windows (every token scored once)
+EVAL_ON = ("batches", "whole_split")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
@@ -73,8 +76,9 @@ class ModelConfig:
 
     ``vocab_size=None`` means "take it from the tokenizer" (``nl.train`` fills it in).
 
-    - ``gpt`` / ``hybrid``: ``parallel=True`` makes the discrete blocks parallel
-      (x + Attn(LN(x)) + MLP(LN'(x))). Hybrid: layers ``[ode_start, ode_end)`` of the
+    - ``gpt`` / ``hybrid`` / ``ssm``: ``parallel=True`` makes the discrete blocks parallel
+      (x + Attn(LN(x)) + MLP(LN'(x))); ``ssm`` is the discrete control of ``ti_ssm``, its
+      selective state-space layer (``ssm_state_size`` states per channel) in the MLP's place. Hybrid: layers ``[ode_start, ode_end)`` of the
       ``n_layers`` stack are replaced by one ODE block; ``control_dim`` is the size of the
       optional control vector u (0 disables it).
     - ``node`` / ``ti_mlp`` / ``ti_ssm``: one time-dependent block integrated over
@@ -155,6 +159,12 @@ class ModelConfig:
                              f"it needs model.ode.method='euler', got {self.ode.method!r}")
 
 
+# Tong et al.'s hypernetwork sizes (their qkvflow code's TemporalLinear): 32 sinusoidal
+# frequencies (a 2 * 32 + 1 time code), and a time-embedding MLP of width 64 whose output is
+# the 64 coefficients of the basis matrices, W(t) = B + sum_k e_k(t) A_k. At d_model 256 and
+# 6 layers this is the ~51.5M-parameter model the seed extension compared against.
+TONG_HYPERNETWORK = dict(time_features=64, time_hidden=64, hyper_dim=64)
+
 # Shapes of the seed's presets (the 002 guide: small is its 6 x 256 gpu config). Continuous
 # archs take ode.n_steps = n_layers, the hybrid replaces the middle third of its layers.
 PRESETS = {
@@ -199,7 +209,10 @@ class TrainConfig:
     The optimiser is AdamW (weight decay on matrices only) with linear warmup for
     ``warmup_steps`` and cosine decay to ``lr * min_lr_ratio`` at ``max_steps``.
     Evaluation uses ``eval_batches`` fixed validation batches drawn with ``eval_seed``, the
-    same for every run seed so that runs can be compared pairwise.
+    same for every run seed so that runs can be compared pairwise; with
+    ``eval_on="whole_split"`` every validation evaluation and the final test loss score each
+    token of the split once instead (consecutive windows of ``seq_len``; ``eval_batches`` is
+    then unused).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -219,6 +232,7 @@ class TrainConfig:
     eval_interval: int = 250
     eval_batches: int = 20
     eval_seed: int = 1234
+    eval_on: str = "batches"
     seed: int = 0
     device: str = "auto"
     dtype: str = "float32"
@@ -233,6 +247,7 @@ class TrainConfig:
         _check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("device", self.device, DEVICES)
+        _check_choice("eval_on", self.eval_on, EVAL_ON)
         for key in ("batch_size", "seq_len", "max_steps", "lr", "eval_interval", "eval_batches"):
             _check_positive(key, getattr(self, key))
         for key in ("warmup_steps", "weight_decay", "grad_clip", "checkpoint_interval"):
@@ -255,8 +270,14 @@ class TrainConfig:
 NON_SEMANTIC_KEYS = frozenset({"out_dir", "checkpoint_interval", "resume", "log_dir", "progress", "data_dir"})
 
 
+# Fields added after runs were stored, with the value those runs had: left out of the hash
+# while they hold it, so that every stored record keeps its name.
+HASHED_ONLY_IF_CHANGED = {"eval_on": "batches"}
+
+
 def config_hash(cfg: TrainConfig) -> str:
-    d = {k: v for k, v in to_dict(cfg).items() if k not in NON_SEMANTIC_KEYS}
+    d = {k: v for k, v in to_dict(cfg).items()
+         if k not in NON_SEMANTIC_KEYS and not (k in HASHED_ONLY_IF_CHANGED and v == HASHED_ONLY_IF_CHANGED[k])}
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -388,3 +388,20 @@ def fixed_batches(tokens, n_batches: int, batch_size: int, seq_len: int,
     and independent of any training generator (it has its own)."""
     g = torch.Generator().manual_seed(seed)
     return [sample_batch(tokens, batch_size, seq_len, g) for _ in range(n_batches)]
+
+
+def split_windows(tokens, batch_size: int, seq_len: int, max_windows: int | None = None
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A whole split as batches of consecutive, non-overlapping windows: window i is
+    x = tokens[i T:(i + 1) T], y shifted by one, so every token but the first is a target
+    exactly once (with the context its window gives). The last batch may be smaller;
+    ``max_windows`` keeps only the first windows."""
+    tokens = torch.as_tensor(np.asarray(tokens).astype(np.int64))
+    n_windows = (tokens.numel() - 1) // seq_len
+    if max_windows is not None:
+        n_windows = min(n_windows, max_windows)
+    if n_windows < 1:
+        raise ValueError(f"the split has {tokens.numel()} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+    x = tokens[: n_windows * seq_len].view(n_windows, seq_len)
+    y = tokens[1: n_windows * seq_len + 1].view(n_windows, seq_len)
+    return [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n_windows, batch_size)]

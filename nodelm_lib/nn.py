@@ -382,6 +382,15 @@ class ModulatedLinear(nn.Module):
         return F.linear(x, cached_per_call(lambda: self.weight_at(h)), self.bias)
 
 
+class StaticLinear(nn.Linear):
+    """``nn.Linear`` with ``ModulatedLinear``'s call signature ``(x, h)``, ignoring h: the
+    time-free stand-in that lets one layer class (``SelectiveSSM``) serve both the
+    time-indexed model and its discrete control."""
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward(x)
+
+
 class TimeAttention(nn.Module):
     """Causal self-attention whose two projections are time-dependent layers made by
     ``linear(in_features, out_features)``; ``forward(x, code)`` passes the time code on."""

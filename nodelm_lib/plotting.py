@@ -9,6 +9,10 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 
+# Okabe-Ito's colour-blind-safe colours (yellow left out: it vanishes on white), then two
+# darker tones: eight arms get eight colours
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#8C564B"]
+
 STYLE = {
     "figure.dpi": 110,
     "savefig.dpi": 200,
@@ -19,12 +23,18 @@ STYLE = {
     "axes.spines.top": False,
     "axes.spines.right": False,
     "legend.frameon": False,
-    "axes.prop_cycle": mpl.cycler(color=["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"]),
+    "axes.prop_cycle": mpl.cycler(color=PALETTE),
 }
 
 
 # matplotlib's warning when placing a loc="best" legend took over a second (see save_figure)
 _SLOW_LEGEND_WARNING = 'Creating legend with loc="best" can be slow'
+
+
+def arm_color(i: int) -> str:
+    """The colour of the i-th arm of a figure (the same arm order gives the same colours in
+    every panel)."""
+    return PALETTE[i % len(PALETTE)]
 
 
 def use_style() -> None:
@@ -70,9 +80,12 @@ def _arm_stats(runs, metric: str, order):
     return arms, stats
 
 
-def plot_arm_metric(ax: plt.Axes, runs, metric: str, order=None, label: str | None = None) -> None:
+def plot_arm_metric(ax: plt.Axes, runs, metric: str, order=None, label: str | None = None,
+                    references: dict | None = None) -> None:
     """Mean of ``metric`` per arm with its t-based 95% CI as an error bar, and every seed as
-    a dot (same x jitter for every arm, so a seed's runs can be followed across arms)."""
+    a dot (same x jitter for every arm, so a seed's runs can be followed across arms).
+    ``references`` (label -> value, e.g. n-gram losses) are drawn by ``plot_reference_lines``
+    where they fall inside the autoscaled y-range."""
     arms, stats = _arm_stats(runs, metric, order)
     x = np.arange(len(arms))
     means = [s["mean"] for s in stats]
@@ -85,21 +98,26 @@ def plot_arm_metric(ax: plt.Axes, runs, metric: str, order=None, label: str | No
         ax.scatter(i + rows["seed"].map(jitter), rows[metric], s=12, alpha=0.5, color="C0", zorder=2)
     ax.set_xticks(x, arms, rotation=30, ha="right")
     ax.set_ylabel(label or metric)
+    if references:
+        plot_reference_lines(ax, references)
 
 
 def plot_efficiency(ax: plt.Axes, runs, x_metric: str, y_metric: str, order=None, x_label: str | None = None,
-                    y_label: str | None = None) -> None:
-    """Each arm at (mean ``x_metric``, mean ``y_metric`` ± 95% CI), labelled: e.g. parameters
-    against loss, to see whether an arm is better or only smaller."""
+                    y_label: str | None = None, references: dict | None = None) -> None:
+    """Each arm at (mean ``x_metric``, mean ``y_metric`` ± t-based 95% CI), labelled: e.g.
+    parameters against loss, to see whether an arm is better or only smaller. ``references``
+    (label -> value) are drawn as in ``plot_arm_metric``; arm labels keep clear of theirs."""
     arms, y_stats = _arm_stats(runs, y_metric, order)
     _, x_stats = _arm_stats(runs, x_metric, order)
     for i, (xs, ys) in enumerate(zip(x_stats, y_stats)):
         half = 0.0 if np.isnan(ys["ci_half"]) else ys["ci_half"]
-        ax.errorbar(xs["mean"], ys["mean"], yerr=half, fmt="o", capsize=4, color=f"C{i % 6}")
+        ax.errorbar(xs["mean"], ys["mean"], yerr=half, fmt="o", capsize=4, color=arm_color(i))
     ax.xaxis.set_major_formatter(mpl.ticker.EngFormatter())  # 250k, not 250000 (labels overlap)
     ax.set_xlabel(x_label or x_metric)
     ax.set_ylabel(y_label or y_metric)
-    label_points(ax, [s["mean"] for s in x_stats], [s["mean"] for s in y_stats], arms)
+    renderer = ax.figure.canvas.get_renderer()
+    avoid = [t.get_window_extent(renderer) for t in plot_reference_lines(ax, references)] if references else []
+    label_points(ax, [s["mean"] for s in x_stats], [s["mean"] for s in y_stats], arms, avoid=avoid)
 
 
 # a label's place around its point, in order of preference: (offset in points, alignment)
@@ -107,14 +125,14 @@ LABEL_PLACES = [((6, 4), "left", "bottom"), ((6, -4), "left", "top"),
                 ((-6, 4), "right", "bottom"), ((-6, -4), "right", "top")]
 
 
-def label_points(ax: plt.Axes, xs, ys, labels) -> list:
+def label_points(ax: plt.Axes, xs, ys, labels, avoid=()) -> list:
     """Write each label next to its point, on the first side of it (upper right, lower right,
-    upper left, lower left) where it does not overlap a label already written: arms with
-    nearly the same coordinates stay readable. Places are judged at the axes' current size,
-    after autoscaling; returns the text artists."""
+    upper left, lower left) where it does not overlap a label already written nor a box in
+    ``avoid`` (display coordinates): arms with nearly the same coordinates stay readable.
+    Places are judged at the axes' current size, after autoscaling; returns the text artists."""
     ax.autoscale_view()
     renderer = ax.figure.canvas.get_renderer()
-    placed, texts = [], []
+    placed, texts = list(avoid), []
     for x, y, label in zip(xs, ys, labels):
         for place in LABEL_PLACES:
             text, box = _annotate(ax, label, (x, y), place, renderer)
@@ -135,25 +153,142 @@ def _annotate(ax: plt.Axes, label: str, xy, place, renderer):
     return text, text.get_window_extent(renderer)
 
 
-def plot_curves(ax: plt.Axes, curves, x: str = "step", y: str = "val_loss", order=None, band: str = "ci") -> None:
-    """Mean curve per arm over seeds with a band: the t-based 95% CI of the mean
-    (``band="ci"``) or the range over seeds (``"range"``). ``curves`` is long format
-    (arm, seed, ``x``, ``y``; ``experiment.curves``)."""
+BAND_TITLES = {"ci": "mean ± 95% CI", "range": "mean, range over seeds"}
+
+
+def _curve_summary(curves, arms, x: str, y: str, at: str, band: str):
+    """Per arm and evaluation point ``at``: x (mean of ``x`` over seeds; ``at`` itself when
+    x == at), mean of ``y`` over seeds and the band's low and high ends."""
+    import pandas as pd
+
     from .stats import mean_ci
 
-    arms = list(order) if order is not None else list(dict.fromkeys(curves["arm"]))
+    if band not in BAND_TITLES:
+        raise ValueError(f"band must be one of {sorted(BAND_TITLES)}, got {band!r}")
+    rows = []
+    for arm in arms:
+        for point, group in curves[curves["arm"] == arm].groupby(at, sort=True):
+            v = group[y].astype(float).to_numpy()
+            mean = v.mean()
+            if band == "range":
+                lo, hi = v.min(), v.max()
+            else:
+                half = mean_ci(v)["ci_half"] if len(v) > 1 else 0.0
+                lo, hi = mean - half, mean + half
+            px = point if x == at else group[x].astype(float).mean()
+            rows.append({"arm": arm, "at": point, "x": px, "mean": mean, "lo": lo, "hi": hi})
+    return pd.DataFrame(rows, columns=["arm", "at", "x", "mean", "lo", "hi"])
+
+
+def _arms(curves, order) -> list:
+    return list(order) if order is not None else list(dict.fromkeys(curves["arm"]))
+
+
+def plot_curves(ax: plt.Axes, curves, x: str = "step", y: str = "val_loss", order=None, band: str = "ci",
+                at: str = "step", legend_title: str | None = None) -> None:
+    """Mean curve per arm over seeds with a band: the t-based 95% CI of the mean
+    (``band="ci"``) or the range over seeds (``"range"``); a point seen by one seed only gets
+    no band. ``curves`` is long format (arm, seed, ``at``, ``x``, ``y``; ``experiment.curves``).
+    An evaluation point is identified across seeds by ``at`` (default the step); it is drawn
+    at the mean of ``x`` over seeds, so ``x`` may differ between seeds (``train_time_s``).
+    The legend title names the band ("mean ± 95% CI" unless ``legend_title`` is given)."""
+    arms = _arms(curves, order)
+    summary = _curve_summary(curves, arms, x, y, at, band)
     for i, arm in enumerate(arms):
-        rows = curves[curves["arm"] == arm]
-        grid = sorted(rows[x].unique())
-        values = [rows.loc[rows[x] == g, y].astype(float).to_numpy() for g in grid]
-        mean = np.array([v.mean() for v in values])
-        if band == "range":
-            lo, hi = np.array([v.min() for v in values]), np.array([v.max() for v in values])
-        else:
-            half = np.array([mean_ci(v)["ci_half"] if len(v) > 1 else 0.0 for v in values])
-            lo, hi = mean - half, mean + half
-        ax.plot(grid, mean, color=f"C{i % 6}", label=arm)
-        ax.fill_between(grid, lo, hi, color=f"C{i % 6}", alpha=0.2, linewidth=0)
+        s = summary[summary["arm"] == arm]
+        ax.plot(s["x"], s["mean"], color=arm_color(i), label=arm)
+        ax.fill_between(s["x"], s["lo"], s["hi"], color=arm_color(i), alpha=0.2, linewidth=0)
     ax.set_xlabel(x)
     ax.set_ylabel(y)
-    ax.legend()
+    ax.legend(title=legend_title or BAND_TITLES[band])
+
+
+def zoom_to_late(ax: plt.Axes, curves, y: str = "val_loss", x_from_fraction: float = 0.25, margin: float = 0.05,
+                 x: str = "step", at: str = "step", band: str = "ci", order=None, references: dict | None = None):
+    """Set the y-range to what ``plot_curves`` (same ``x``, ``at``, ``band``, ``order``) draws
+    after the first ``x_from_fraction`` of each arm's x-span: mean curves and their bands,
+    plus the ``references`` values (label -> value), padded by ``margin`` of the span on each
+    side. The early loss then does not flatten the part where arms differ. Call
+    ``plot_reference_lines`` afterwards. Returns the new (low, high)."""
+    summary = _curve_summary(curves, _arms(curves, order), x, y, at, band)
+    start = summary.groupby("arm")["x"].transform(lambda v: v.min() + x_from_fraction * (v.max() - v.min()))
+    late = summary[summary["x"] >= start]
+    values = np.concatenate([late[["mean", "lo", "hi"]].to_numpy(float).ravel(),
+                             np.asarray(list((references or {}).values()), dtype=float)])
+    lo, hi = np.nanmin(values), np.nanmax(values)
+    pad = margin * (hi - lo) if hi > lo else max(abs(lo), 1.0) * margin
+    ax.set_ylim(lo - pad, hi + pad)
+    return lo - pad, hi + pad
+
+
+def plot_paired_differences(ax: plt.Axes, curves, reference: str = "gpt", x: str = "step", y: str = "val_loss",
+                            order=None, at: str = "step"):
+    """For every arm but ``reference``: per seed, ``y(arm) - y(reference)`` at the same
+    evaluation point ``at`` (seeds missing in either arm are left out), drawn as the mean over
+    seeds at the arm's mean ``x`` with the t-based 95% CI of that mean as a band (no band
+    where one seed remains), and a line at 0. Pairing by seed removes the seed-to-seed
+    variation both arms share, so this CI is narrower than one from two unpaired curves.
+    Returns the differences: columns arm, seed, ``at``, ``x`` (once if x == at), diff."""
+    arms = _arms(curves, order)
+    keys = ["arm", "seed", at]
+    if curves.duplicated(keys).any():
+        raise ValueError(f"curves has more than one row per (arm, seed, {at})")
+    ref = curves.loc[curves["arm"] == reference, ["seed", at, y]].rename(columns={y: "_ref"})
+    if ref.empty:
+        raise ValueError(f"no rows for the reference arm {reference!r}")
+    columns = list(dict.fromkeys(keys + [x]))
+    others = curves[curves["arm"].isin([a for a in arms if a != reference])]
+    diffs = others[columns + [y]].merge(ref, on=["seed", at], how="inner")
+    diffs["diff"] = diffs[y].astype(float) - diffs["_ref"].astype(float)
+    diffs = diffs[columns + ["diff"]].reset_index(drop=True)
+    summary = _curve_summary(diffs, arms, x, "diff", at, "ci")
+    for i, arm in enumerate(arms):
+        s = summary[summary["arm"] == arm]
+        if arm == reference or s.empty:
+            continue
+        ax.plot(s["x"], s["mean"], color=arm_color(i), label=arm)
+        ax.fill_between(s["x"], s["lo"], s["hi"], color=arm_color(i), alpha=0.2, linewidth=0)
+    ax.axhline(0.0, color="black", linewidth=0.8, label="_nolegend_")
+    ax.set_xlabel(x)
+    ax.set_ylabel(f"Δ {y} (arm − {reference})")
+    ax.legend(title=f"Δ vs {reference}, mean ± 95% CI (paired by seed)")
+    return diffs
+
+
+def plot_reference_lines(ax: plt.Axes, references: dict, **kwargs) -> list:
+    """A dashed grey horizontal line per reference value (``references``: label -> value,
+    e.g. n-gram losses) inside the current y-limits, labelled in small text just above it at
+    the right end, inside the axes; labels closer than a text height are nudged apart
+    vertically. Values outside the limits are neither drawn nor labelled, and the limits are
+    then fixed, so set them (``zoom_to_late``) first; labels are placed for the axes' current
+    size, so call ``fig.tight_layout()`` before too. ``kwargs`` go to ``ax.axhline``.
+    Returns the text artists (annotations), lowest first."""
+    ax.autoscale_view()
+    lo, hi = sorted(ax.get_ylim())
+    ax.set_ylim(ax.get_ylim())  # a new line must not move the limits its labels were placed for
+    shown = sorted((v, k) for k, v in references.items() if lo <= v <= hi)
+    style = {"color": "grey", "linestyle": "--", "linewidth": 0.8, "zorder": 1, **kwargs}
+    for value, _ in shown:
+        ax.axhline(value, label="_nolegend_", **style)
+    if not shown:
+        return []
+    renderer = ax.figure.canvas.get_renderer()
+    texts = [ax.annotate(label, (0.99, value), xycoords=ax.get_yaxis_transform(), textcoords="offset points",
+                         xytext=(0, 0), ha="right", va="bottom", fontsize=7, color="dimgrey", zorder=1.5,
+                         bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.7})
+             for value, label in shown]  # above the grid and the lines, below the data
+    px_per_pt, gap = ax.figure.dpi / 72, 1.5  # gap: points between a line and its label, and between labels
+    height = max(t.get_window_extent(renderer).height for t in texts) + gap * px_per_pt
+    # bottom edge of each label in display coordinates: just above its line, pushed up until it
+    # clears the label below it, then down again where that would leave the axes at the top
+    lines = ax.transData.transform([(0.0, v) for v, _ in shown])[:, 1]
+    bottoms = lines + gap * px_per_pt
+    for i in range(1, len(bottoms)):
+        bottoms[i] = max(bottoms[i], bottoms[i - 1] + height)
+    ceiling = ax.get_window_extent(renderer).y1 - height
+    for i in reversed(range(len(bottoms))):
+        bottoms[i] = min(bottoms[i], ceiling)
+        ceiling = bottoms[i] - height
+    for text, bottom, line in zip(texts, bottoms, lines):  # offsets in points: kept if the axes resize
+        text.xyann = (0.0, (bottom - line) / px_per_pt)
+    return texts

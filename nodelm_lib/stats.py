@@ -467,6 +467,25 @@ def report_table(
     return out
 
 
+def append_reference_rows(table: pd.DataFrame, references: pd.DataFrame, values: dict[str, str],
+                          name: str = "model", digits: int = 3) -> pd.DataFrame:
+    """``table`` (``report_table``'s) with a row per reference model below the arms: the
+    reference's name in the ``arm`` column, ``values`` mapping a column of ``references``
+    to the table column it fills (``{"test_loss": "test loss"}``), "–" everywhere else.
+    Reference points (n-gram count models, say) put the arms' numbers in context; they are
+    not arms and take part in no test."""
+    rows = []
+    for _, ref in references.iterrows():
+        row = {col: "–" for col in table.columns}
+        row["arm"] = str(ref[name])
+        for source, column in values.items():
+            if column not in table.columns:
+                raise ValueError(f"column {column!r} is not in the table; its columns are {list(table.columns)}")
+            row[column] = f"{float(ref[source]):.{digits}f}"
+        rows.append(row)
+    return pd.concat([table, pd.DataFrame(rows, columns=table.columns)], ignore_index=True)
+
+
 # --------------------------------------------------------------------------- export
 
 

@@ -17,6 +17,7 @@ step; the last good checkpoint is kept and the record so far is written (status 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -34,10 +35,10 @@ from tqdm import tqdm  # text bar everywhere: tqdm.auto warns without ipywidgets
 
 from . import __version__
 from .config import TrainConfig, from_dict, to_dict
-from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch
+from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch, split_windows
 from .files import atomic_write, atomic_write_text
 from .models import CausalLM, build_model
-from .profiling import cpu_description, forward_flops_per_token
+from .profiling import cpu_description, forward_flops_per_token, saved_tensor_bytes
 
 CHECKPOINT_NAME = "checkpoint.pt"
 RECORD_NAME = "record.json"
@@ -68,6 +69,7 @@ class RunRecord:
     train_time_s: float = 0.0
     tokens_per_s: float = 0.0
     peak_memory_mb: float = 0.0
+    activation_mb: float = 0.0  # saved-for-backward tensors of one training step (activation_bytes)
     environment: dict = field(default_factory=dict)
     error: str | None = None
     checkpoint: str | None = None  # the final model's file, when the run kept one
@@ -140,47 +142,43 @@ def grad_norms(model: CausalLM, groups: dict[str, list[str]]) -> dict[str, float
 
 @torch.no_grad()
 def evaluate(model: CausalLM, batches, device: torch.device, autocast) -> float:
-    """Mean loss over fixed batches, in eval mode (no dropout)."""
+    """Mean loss per token over fixed batches, in eval mode (no dropout). Batches of one size
+    (random windows) are averaged as they come; a smaller last batch (a whole split) is
+    weighted by its tokens."""
     was_training = model.training
     model.eval()
-    losses = []
+    losses, sizes = [], []
     for x, y in batches:
         with autocast():
             _, loss = model(x.to(device), y.to(device), return_logits=False)
         losses.append(float(loss))
+        sizes.append(y.numel())
     model.train(was_training)
-    return float(np.mean(losses))
+    if len(set(sizes)) == 1:
+        return float(np.mean(losses))
+    return float(np.dot(losses, sizes) / sum(sizes))
+
+
+def batch_tokens(batches) -> int:
+    """Tokens scored by an evaluation over ``batches``."""
+    return sum(y.numel() for _, y in batches)
 
 
 @torch.no_grad()
 def evaluate_split(model: CausalLM, tokens, seq_len: int, batch_size: int = 8, max_windows: int | None = None,
                    device: torch.device | str = "cpu") -> dict:
     """Mean loss over a whole split cut into consecutive, non-overlapping windows of
-    ``seq_len`` (each position scored once, with as much context as its window gives), or
-    over the first ``max_windows`` of them. Returns loss, perplexity, bits per token and the
-    number of tokens scored. ``seq_len`` may not exceed the model's ``max_seq_len``."""
+    ``seq_len`` (``data.split_windows``: each position scored once, with as much context as
+    its window gives), or over the first ``max_windows`` of them. Returns loss, perplexity,
+    bits per token and the number of tokens scored. ``seq_len`` may not exceed the model's
+    ``max_seq_len``."""
     if seq_len > model.cfg.max_seq_len:
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_seq_len={model.cfg.max_seq_len} "
                          "(its position embeddings end there)")
-    tokens = torch.as_tensor(np.asarray(tokens).astype(np.int64))
-    n_windows = (tokens.numel() - 1) // seq_len
-    if max_windows is not None:
-        n_windows = min(n_windows, max_windows)
-    if n_windows < 1:
-        raise ValueError(f"the split has {tokens.numel()} tokens, fewer than seq_len + 1 = {seq_len + 1}")
-    x_all = tokens[: n_windows * seq_len].view(n_windows, seq_len)
-    y_all = tokens[1: n_windows * seq_len + 1].view(n_windows, seq_len)
-    was_training = model.training
-    model.eval()
-    total = 0.0
-    for start in range(0, n_windows, batch_size):
-        x, y = x_all[start:start + batch_size].to(device), y_all[start:start + batch_size].to(device)
-        _, loss = model(x, y, return_logits=False)
-        total += float(loss) * x.numel()
-    model.train(was_training)
-    loss = total / (n_windows * seq_len)
+    batches = split_windows(tokens, batch_size, seq_len, max_windows)
+    loss = evaluate(model, batches, torch.device(device), contextlib.nullcontext)
     return {"loss": loss, "perplexity": math.exp(loss), "bits_per_token": loss / math.log(2),
-            "tokens": n_windows * seq_len, "seq_len": seq_len}
+            "tokens": batch_tokens(batches), "seq_len": seq_len}
 
 
 def environment(device: torch.device) -> dict:
@@ -234,9 +232,22 @@ def split_tokens(tc: TrainConfig, split: str) -> torch.Tensor:
 
 
 def eval_batches(tc: TrainConfig, split: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The fixed evaluation batches of ``split`` (drawn with ``eval_seed``: the same for every
-    seed and architecture of a comparison)."""
-    return fixed_batches(split_tokens(tc, split), tc.eval_batches, tc.batch_size, tc.seq_len, tc.eval_seed)
+    """The fixed evaluation batches of ``split``, the same for every seed and architecture of
+    a comparison: ``eval_batches`` random windows drawn with ``eval_seed``, or with
+    ``eval_on="whole_split"`` the whole split in consecutive windows (``data.split_windows``)."""
+    tokens = split_tokens(tc, split)
+    if tc.eval_on == "whole_split":
+        return split_windows(tokens, tc.batch_size, tc.seq_len)
+    return fixed_batches(tokens, tc.eval_batches, tc.batch_size, tc.seq_len, tc.eval_seed)
+
+
+def activation_bytes(model: CausalLM, x: torch.Tensor, y: torch.Tensor, autocast) -> int:
+    """Bytes of the tensors autograd saves for backward in one training forward pass on (x, y):
+    the activation memory of a step, which (unlike the process's resident set) belongs to the
+    model. Random state is restored after, so measuring changes no number of the run."""
+    with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []), autocast():
+        n, _ = saved_tensor_bytes(lambda: model(x, y, return_logits=False))
+    return n
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -326,6 +337,9 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
         flops_per_token=forward_flops_per_token(model, tc.seq_len),
         environment=environment(device),
     )
+    x0, y0 = val_batches[0]
+    record.activation_mb = activation_bytes(model, x0[: tc.batch_size].to(device), y0[: tc.batch_size].to(device),
+                                            autocast) / 2**20
     start = 0
     if tc.resume and ckpt_path is not None and ckpt_path.exists():
         start = load_training_state(ckpt_path, model, optimizer, batch_gen, record)
@@ -370,6 +384,8 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
         "train_loss": _final_train_loss(record.metrics),
         "val_loss": record.evals[-1]["val_loss"],
         "test_loss": evaluate(model, test_batches, device, autocast),  # computed once, at the end
+        "val_tokens": batch_tokens(val_batches),
+        "test_tokens": batch_tokens(test_batches),
     }
     record.status = "completed"
     if out_dir is not None and start < tc.max_steps:

@@ -16,6 +16,7 @@ from .common import CausalLM, ContinuousDepthLM, ODEBlock
 from .gpt import GPT
 from .hybrid import HybridODETransformer
 from .node import NeuralODETransformer, param_count_formula
+from .ssm import SSMTransformer
 from .time_indexed import TimeIndexedMLP, TimeIndexedSSM
 
 _REGISTRY = {
@@ -24,6 +25,7 @@ _REGISTRY = {
     "node": NeuralODETransformer,
     "ti_mlp": TimeIndexedMLP,
     "ti_ssm": TimeIndexedSSM,
+    "ssm": SSMTransformer,
 }
 assert set(_REGISTRY) == set(ARCHS), "config.ARCHS and the model registry disagree"
 
@@ -58,8 +60,8 @@ def match_params(cfg: ModelConfig, target_params: int, by: str = "d_model") -> M
     """
     if by not in MATCH_BY:
         raise ValueError(f"by={by!r} is not valid; choose one of {', '.join(map(repr, MATCH_BY))}")
-    if by == "mlp_ratio" and cfg.arch == "ti_ssm":
-        raise ValueError("ti_ssm has no MLP (its state-space layer replaces it): match it with by='d_model'")
+    if by == "mlp_ratio" and cfg.arch in ("ti_ssm", "ssm"):
+        raise ValueError(f"{cfg.arch} has no MLP (its state-space layer replaces it): match it with by='d_model'")
     if target_params <= 0:
         raise ValueError(f"target_params={target_params!r} is not valid; it must be > 0")
 
@@ -86,4 +88,4 @@ def match_params(cfg: ModelConfig, target_params: int, by: str = "d_model") -> M
 
 __all__ = ["build_model", "count_params", "match_params", "param_count_formula", "CausalLM",
            "ContinuousDepthLM", "ODEBlock", "GPT", "HybridODETransformer", "NeuralODETransformer",
-           "TimeIndexedMLP", "TimeIndexedSSM"]
+           "TimeIndexedMLP", "TimeIndexedSSM", "SSMTransformer"]

@@ -1,5 +1,6 @@
-r"""Selective diagonal state-space layer (Mamba-style, no convolution) modulated in depth t,
-and the chunked scan that evaluates its recurrence.
+r"""The ``ssm`` family: a selective diagonal state-space layer (Mamba-style, no convolution),
+modulated in depth t in ``ti_ssm`` or static in ``SSMTransformer`` (arch ``ssm``, the discrete
+control with the same mixer), and the chunked scan that evaluates its recurrence.
 
 The scan solves :math:`h_s = a_s h_{s-1} + b_s` (h_{-1} = 0) over positions s without a
 Python loop over s: the positions are cut into chunks of L, every chunk is scanned at once
@@ -22,7 +23,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..nn import ModulatedLinear, active_cache
+from ..config import ModelConfig
+from ..nn import CausalSelfAttention, ModulatedLinear, StaticLinear, active_cache
+from .common import CausalLM
 
 # --------------------------------------------------------------------------- scans
 
@@ -130,7 +133,8 @@ class SelectiveSSM(nn.Module):
 
         \mathrm{out} = W_{out}(t)\,(y \odot \mathrm{SiLU}(z))
 
-    with W_in, W_x, W_out ``ModulatedLinear``. A is exponentiated ZOH-style and B by Euler,
+    with W_in, W_x, W_out ``ModulatedLinear``. With ``hidden=None`` the layer is static (the
+    ``ssm`` control): plain linear projections, A = -exp(A^log), D = D^base. A is exponentiated ZOH-style and B by Euler,
     as in Mamba. A(t) < 0 for every t, so each decay e^{Delta A} lies in (0, 1) and the scan
     is stable; the recurrence runs over positions only, so the layer is causal. Init:
     A^log_{d,n} = log n (S4D-real), the Delta bias slice inverse-softplus of dt ~ LogU[1e-3,
@@ -138,18 +142,27 @@ class SelectiveSSM(nn.Module):
     bases), D^base = 1.
     """
 
-    def __init__(self, d_model: int, state_size: int, hidden: int, bias: bool = True, chunk_size: int | None = None):
+    def __init__(self, d_model: int, state_size: int, hidden: int | None, bias: bool = True,
+                 chunk_size: int | None = None):
         super().__init__()
         if chunk_size is not None:
             check_chunk_size(chunk_size)
         self.d_model, self.state_size, self.chunk_size = d_model, state_size, chunk_size
-        self.in_proj = ModulatedLinear(d_model, 2 * d_model, hidden, bias)
-        self.x_proj = ModulatedLinear(d_model, d_model + 2 * state_size, hidden, bias=True)
-        self.out_proj = ModulatedLinear(d_model, d_model, hidden, bias)
+        self.time_dependent = hidden is not None
+
+        def linear(in_features: int, out_features: int, bias: bool) -> nn.Module:
+            if self.time_dependent:
+                return ModulatedLinear(in_features, out_features, hidden, bias)
+            return StaticLinear(in_features, out_features, bias=bias)
+
+        self.in_proj = linear(d_model, 2 * d_model, bias)
+        self.x_proj = linear(d_model, d_model + 2 * state_size, True)
+        self.out_proj = linear(d_model, d_model, bias)
         self.A_log = nn.Parameter(torch.empty(d_model, state_size))
-        self.A_head = nn.Linear(hidden, d_model)  # a(t)
         self.D_base = nn.Parameter(torch.empty(d_model))
-        self.D_head = nn.Linear(hidden, d_model)  # d(t)
+        if self.time_dependent:
+            self.A_head = nn.Linear(hidden, d_model)  # a(t)
+            self.D_head = nn.Linear(hidden, d_model)  # d(t)
         self.reset_parameters()
 
     owns_init = True  # CausalLM.init_weights calls reset_parameters after the children's
@@ -164,22 +177,28 @@ class SelectiveSSM(nn.Module):
             dt = torch.exp(torch.empty(self.d_model).uniform_(math.log(dt_min), math.log(dt_max)))
             self.x_proj.bias.zero_()
             self.x_proj.bias[: self.d_model].copy_(inverse_softplus(dt))
-        for head in (self.A_head, self.D_head):
-            nn.init.normal_(head.weight, std=0.02)
-            nn.init.zeros_(head.bias)
+        if self.time_dependent:
+            for head in (self.A_head, self.D_head):
+                nn.init.normal_(head.weight, std=0.02)
+                nn.init.zeros_(head.bias)
 
-    def A_at(self, h: torch.Tensor) -> torch.Tensor:
-        """A(t) (D, N), negative everywhere, for the trunk output h(t)."""
+    def A_at(self, h: torch.Tensor | None) -> torch.Tensor:
+        """A(t) (D, N), negative everywhere, for the trunk output h(t) (static: -exp(A^log))."""
+        if not self.time_dependent:
+            return -torch.exp(self.A_log)
         return -torch.exp(self.A_log + self.A_head(h)[:, None])
 
-    def D_at(self, h: torch.Tensor) -> torch.Tensor:
-        """D(t) (D,): the skip gain, in (0, 2 D_base), equal to D_base when d(t) = 0."""
+    def D_at(self, h: torch.Tensor | None) -> torch.Tensor:
+        """D(t) (D,): the skip gain, in (0, 2 D_base), equal to D_base when d(t) = 0 (static:
+        D_base)."""
+        if not self.time_dependent:
+            return self.D_base
         return self.D_base * 2 * torch.sigmoid(self.D_head(h))
 
-    def forward(self, u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
         return self._forward(u, h, lambda a, b: linear_recurrence(a, b, self.chunk_size))
 
-    def reference_forward(self, u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def reference_forward(self, u: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
         """``forward`` with the sequential scan: the ground truth for the parallel one."""
         return self._forward(u, h, linear_recurrence_reference)
 
@@ -200,3 +219,42 @@ class SelectiveSSM(nn.Module):
             slot["state"] = states[:, -1]
         y = torch.einsum("btdn,btn->btd", states, C_s) + self.D_at(h) * x
         return self.out_proj(y * F.silu(z), h)
+
+
+# --------------------------------------------------------------------------- the ``ssm`` model
+
+
+class SSMBlock(nn.Module):
+    """A transformer block with the selective SSM in the MLP's place and no time dependence:
+    ``x + Attn(LN_1(x)) + SSM(LN_2(x))`` (``parallel=True``, ti_ssm's field as one Euler step
+    of size 1) or ``x + Attn(LN_1(x))`` then ``+ SSM(LN_2(x))``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.parallel = cfg.parallel
+        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mixer = SelectiveSSM(cfg.d_model, cfg.ssm_state_size, None, cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parallel:
+            return x + self.attn(self.ln_1(x)) + self.mixer(self.ln_2(x))
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mixer(self.ln_2(x))
+
+
+class SSMTransformer(CausalLM):
+    """``ssm``: ``n_layers`` discrete ``SSMBlock``s with their own weights. The control that
+    separates ti_ssm's mixer from its time-indexed sharing: ti_ssm differs from it in depth
+    handling only, ``gpt`` (same ``parallel``) in the mixer only."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.blocks = nn.ModuleList(SSMBlock(cfg) for _ in range(cfg.n_layers))
+        self.init_weights(n_residual_layers=cfg.n_layers)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
