@@ -96,6 +96,8 @@ class RunRecord:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``"auto"``: CUDA when available, else the CPU; any other name as given (CUDA asked for
+    but missing is an error)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
