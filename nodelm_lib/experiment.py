@@ -255,8 +255,7 @@ def sweep(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[in
     """
     import pandas as pd
 
-    selected = selected_lrs(lr_selection) if lr_selection is not None else None
-    configs = arm_configs(base, with_selected_lrs(arms, selected, base.lr), seeds)
+    configs, selected = _selected_arm_configs(base, arms, seeds, lr_selection)
     check_protocol(configs, selected)
     records = _run_all([tc for _, _, tc in configs], store, checkpoints, isolate, need_checkpoint, workers,
                        progress, labels=[f"{name} seed {seed}" for name, seed, _ in configs])
@@ -336,13 +335,16 @@ def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs: Iterable[
     return table
 
 
-def with_selected_lrs(arms: dict[str, dict[str, Any]], selected: Mapping[str, float] | None,
-                      default_lr: float) -> dict[str, dict[str, Any]]:
-    """``arms`` with each arm's selected learning rate as an override (``default_lr`` where the
-    selection has none, which ``check_protocol`` then refuses); ``arms`` itself without one."""
-    if selected is None:
-        return arms
-    return {name: {**overrides, "lr": selected.get(name, default_lr)} for name, overrides in arms.items()}
+def _selected_arm_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection
+                          ) -> tuple[list[tuple[str, int, TrainConfig]], dict[str, float] | None]:
+    """``arm_configs`` with each arm at its selected learning rate (``base.lr`` where the
+    selection has none, which ``check_protocol`` then refuses), and the selection as a mapping;
+    without a selection, the arms as given and None."""
+    if lr_selection is None:
+        return arm_configs(base, arms, seeds), None
+    selected = selected_lrs(lr_selection)
+    arms = {name: {**overrides, "lr": selected.get(name, base.lr)} for name, overrides in arms.items()}
+    return arm_configs(base, arms, seeds), selected
 
 
 def selected_lrs(selection) -> dict[str, float]:
@@ -501,9 +503,8 @@ def curves(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[i
     ``lr_selection`` as given to ``sweep``. Missing runs raise."""
     import pandas as pd
 
-    selected = selected_lrs(lr_selection) if lr_selection is not None else None
     rows = []
-    for name, seed, tc in arm_configs(base, with_selected_lrs(arms, selected, base.lr), seeds):
+    for name, seed, tc in _selected_arm_configs(base, arms, seeds, lr_selection)[0]:
         record = stored_record(tc, store)
         if record is None:
             raise FileNotFoundError(f"no finished record of arm {name!r} seed {seed} in {store}; run the sweep first")

@@ -148,7 +148,7 @@ def test_every_arm_of_a_seed_sees_the_same_batches(monkeypatch):
 
 def test_arms_may_differ_only_in_their_model():
     check_protocol(arm_configs(tiny(), ARMS, [0, 1]))
-    with pytest.raises(ValueError, match=r"arm 'fast' changes the training protocol \(lr\)"):
+    with pytest.raises(ValueError, match=r"arm 'fast' changes the learning rate \(lr=0.01"):
         check_protocol(arm_configs(tiny(), {"gpt": {}, "fast": {"lr": 1e-2}}, [0]))
     configs = arm_configs(tiny(), ARMS, [0, 1])
     with pytest.raises(ValueError, match="same seeds"):

@@ -58,7 +58,7 @@ def test_record_contents_and_json_round_trip(tmp_path):
     rec = nl.train(tiny_run(arch="hybrid", out_dir=str(tmp_path)))
     assert rec.status == "completed" and len(rec.metrics) == 12
     assert [e["step"] for e in rec.evals] == [0, 4, 8, 12]
-    assert set(rec.final) == {"train_loss", "val_loss", "test_loss"}
+    assert set(rec.final) == {"train_loss", "val_loss", "test_loss", "val_tokens", "test_tokens"}
     assert rec.params["total"] > rec.params["non_embedding"] > 0
     assert rec.tokens_per_s > 0 and rec.peak_memory_mb > 0 and rec.environment["torch"] == torch.__version__
     # the CPU decides which kernels run, hence the last bits of every float: records name it
