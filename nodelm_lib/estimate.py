@@ -152,19 +152,21 @@ class TimeEstimate:
         return str(self)
 
 
-def estimate_time(runs: Run | Iterable[Run] | Mapping[str, Run], gpus: Iterable[str | GPU] = tuple(GPUS),
+def estimate_time(runs: Run | Iterable[Run | tuple[str, Run]] | Mapping[str, Run], gpus: Iterable[str | GPU] = tuple(GPUS),
                   mfu: float = DEFAULT_MFU, dtype: str | None = None, min_step_s: float = 0.0) -> TimeEstimate:
     """Expected training time of ``runs`` on each of ``gpus``: ``print(nl.estimate_time(configs))``.
 
-    ``runs``: one ``TrainConfig`` or ``RunRecord``, a list of them (a sweep), or a mapping
-    ``{label: config}``; configs that differ only in their seed share a row. ``dtype``
+    ``runs``: one ``TrainConfig`` or ``RunRecord``, a list of them (a sweep) or of ``(label, run)``
+    pairs, or a mapping ``{label: config}``; configs that differ only in their seed (and share a
+    label) share a row. ``dtype``
     overrides each config's own (e.g. ``"bfloat16"`` to plan GPU runs from CPU configs).
     ``mfu`` and ``min_step_s`` as in the module docstring. Each distinct model is built once
     (on the meta device) to count its FLOPs.
     """
     if isinstance(runs, (TrainConfig, RunRecord)):
         runs = [runs]
-    labelled = list(runs.items()) if isinstance(runs, Mapping) else [(None, r) for r in runs]
+    labelled = list(runs.items()) if isinstance(runs, Mapping) else [r if isinstance(r, tuple) else (None, r)
+                                                                     for r in runs]
     gpus = [get_gpu(g) for g in gpus]
     if not labelled:
         raise ValueError("no runs to estimate")

@@ -79,6 +79,9 @@ def test_a_sweep_pools_seeds_and_prints_a_table():
     assert "no bf16" in text  # the T4's caveat is printed with it
     labelled = estimate_time({"baseline": cfg(), "ode": cfg("node")}, gpus=["L4"])
     assert [r["label"] for r in labelled.rows] == ["baseline", "ode"]
+    # (label, config) pairs: two arms of the same arch keep their names; an arm's seeds share a row
+    pairs = estimate_time([(name, cfg(seed=s)) for name in ("gpt", "gpt_parallel") for s in range(2)], gpus=["L4"])
+    assert [(r["label"], r["runs"]) for r in pairs.rows] == [("gpt", 2), ("gpt_parallel", 2)]
 
 
 def test_a_record_is_estimated_from_its_measured_flops():
