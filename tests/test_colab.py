@@ -117,3 +117,33 @@ def test_notebook_writes_only_under_work_dir(tmp_path):
 
 def test_workspace_is_exported():
     assert nl.workspace is workspace and isinstance(nl.workspace(str(ROOT)), nl.Workspace)
+
+
+def notebook_parameters(notebook: Path) -> dict:
+    """The names and default values of a notebook's parameters cell."""
+    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    (params,) = [c for c in cells if "parameters" in c["metadata"].get("tags", [])]
+    namespace: dict = {}
+    exec("".join(params["source"]), namespace)
+    return {k: v for k, v in namespace.items() if not k.startswith("__")}
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_profiles_set_only_parameters_the_notebook_has(notebook):
+    """papermill passes unknown names silently: a misspelt key would leave the default in place."""
+    import yaml
+    names = notebook_parameters(notebook)
+    assert names["device"] == "auto" and names["work_dir"] is None and names["dtype"] == "float32"
+    profiles = sorted((ROOT / "params" / notebook.stem).glob("*.yaml"))
+    assert {p.stem for p in profiles} >= {"cpu", "gpu", "colab"}
+    for path in profiles:
+        values = yaml.safe_load(path.read_text())
+        unknown = sorted(set(values) - set(names))
+        assert not unknown, f"{path.relative_to(ROOT)} sets {unknown}, not parameters of {notebook.name}"
+        assert values["profile"] == path.stem
+        if path.stem in ("gpu", "colab"):
+            assert values["device"] == "auto"
+        if path.stem == "colab":  # a T4: no bf16 units
+            assert values["dtype"] == "float32"
+        if path.stem == "gpu" and "compile_model" in names:
+            assert values["dtype"] == "bfloat16" and values["compile_model"] is True
