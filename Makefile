@@ -67,7 +67,7 @@ empty :=
 space := $(empty) $(empty)
 nb_alias = $(subst $(space),_,$(wordlist 2,99,$(subst _, ,$(1))))
 
-.PHONY: help setup test unit nbval reproduce tables lab clean distclean $(NOTEBOOKS)
+.PHONY: help setup test unit nbval reproduce tables lab wheel clean distclean $(NOTEBOOKS)
 
 help:
 	@echo "nodelm make targets (PROFILE=$(PROFILE), VENV=$(VENV)):"
@@ -77,6 +77,7 @@ help:
 	@echo "  reproduce   run every notebook with params/<nb>/\$$PROFILE.yaml, then tables"
 	@echo "  tables      rewrite the README tables from results/ (python -m nodelm_lib tables)"
 	@echo "  lab         install the [lab] extra if needed and start JupyterLab"
+	@echo "  wheel       build dist/nodelm-<version>-py3-none-any.whl (to upload to Colab)"
 	@echo "  clean       remove executed notebooks, caches, checkpoints, __pycache__"
 	@echo "  distclean   clean, and remove $(VENV)"
 	@echo "  notebooks:  $(foreach nb,$(NOTEBOOKS),$(nb)$(if $(call nb_alias,$(nb)), (alias $(call nb_alias,$(nb)))))"
@@ -178,11 +179,17 @@ lab: setup
 	@$(VPY) -c 'import jupyterlab' >/dev/null 2>&1 || $(VPIP) install -e ".[lab]"
 	$(KERNEL_ENV) $(VENV)/bin/jupyter lab
 
+# A wheel of the library alone (no notebooks, results or tests), for a runtime that cannot
+# reach your fork: upload it and set NODELM_SOURCE to its path in a notebook's first cell.
+wheel: setup
+	$(VPIP) wheel --no-deps --wheel-dir dist .
+	@ls -1 dist/nodelm-*.whl
+
 # ---------------------------------------------------------------- cleaning
 
 # Committed outputs (results/*.csv|md|tex, results/runs/, figures/) are never touched.
 clean:
-	rm -rf results/executed .cache checkpoints .pytest_cache
+	rm -rf results/executed .cache checkpoints .pytest_cache build dist
 	find . \( -path ./.git -o -path "./$(VENV:./%=%)" -o -path ./.venv \) -prune \
 	  -o -type d -name __pycache__ -prune -exec rm -rf {} +
 

@@ -16,10 +16,12 @@ from .generate import generate
 from .checkpoints import load_model, save_checkpoint
 from .train import NonFiniteError, RunRecord, resolve_device, train  # noqa: E402  (rebinds nl.train to the function)
 from .experiment import run, sweep  # noqa: E402
+from .estimate import estimate_time  # noqa: E402
+from .workspace import Workspace, workspace  # noqa: E402
 
 
 __all__ = [
     "ModelConfig", "ODEConfig", "TrainConfig", "apply_overrides", "load_yaml", "save_yaml",
     "PRESETS", "model_preset", "build_model", "count_params", "match_params", "generate", "save_checkpoint", "load_model", "odeint", "SolveStats", "train", "RunRecord", "NonFiniteError", "resolve_device",
-    "run", "sweep",
+    "run", "sweep", "estimate_time", "Workspace", "workspace",
 ]

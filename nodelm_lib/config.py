@@ -213,6 +213,14 @@ class TrainConfig:
     ``eval_on="whole_split"`` every validation evaluation and the final test loss score each
     token of the split once instead (consecutive windows of ``seq_len``; ``eval_batches`` is
     then unused).
+
+    ``dtype="bfloat16"`` trains under bf16 autocast: on CUDA, and on CPUs that compute bf16
+    natively (AMX or AVX512-BF16; elsewhere ``nl.train`` refuses, see
+    ``train.check_dtype_supported``). On CUDA, float32 matmuls use TF32 tensor cores.
+    ``compile=True`` trains through ``torch.compile(model)`` (evaluation, checkpoints and
+    decoding use the eager module, which shares its weights); its losses differ from eager ones
+    in the last bits (with dropout, its masks differ too: inductor draws them with its own
+    generator), so it is part of the config hash.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -236,6 +244,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = "float32"
+    compile: bool = False
     out_dir: Union[str, None] = None
     checkpoint_interval: int = 0
     resume: bool = False
@@ -272,7 +281,7 @@ NON_SEMANTIC_KEYS = frozenset({"out_dir", "checkpoint_interval", "resume", "log_
 
 # Fields added after runs were stored, with the value those runs had: left out of the hash
 # while they hold it, so that every stored record keeps its name.
-HASHED_ONLY_IF_CHANGED = {"eval_on": "batches"}
+HASHED_ONLY_IF_CHANGED = {"eval_on": "batches", "compile": False}
 
 
 def config_hash(cfg: TrainConfig) -> str:

@@ -3,7 +3,14 @@
 Text comes from local files when we can find them (an explicit ``data_dir``, then
 ``$NODELM_DATA_DIR``, then ``../shared/data`` next to the checkout) and from the
 Hugging Face hub otherwise. Local files are checked against pinned sha256 values,
-so a silently changed corpus can never make two runs incomparable.
+so a silently changed corpus can never make two runs incomparable; so is hub text
+wherever an offline copy pins it (WikiText-2 tokenized, tiny-shakespeare).
+
+The hub sources are repositories of parquet data files without a loading script, as
+``datasets`` >= 4.0 requires (see HUB_SOURCES). ``$NODELM_HUB_MIRROR`` may name a local
+folder that holds them laid out as on the hub (``<mirror>/Salesforce/wikitext/...``);
+``datasets.load_dataset`` then reads that folder instead of downloading. The tests
+use this to run the hub code path offline on a stand-in built from the offline files.
 
 Tokenised splits are cached as ``.npy`` files keyed on the sha256 of the split's
 text and the tokenizer name, so a changed corpus or tokenizer never reuses a stale
@@ -33,13 +40,28 @@ CORPORA = ("wikitext2", "wikitext103", "tinyshakespeare")
 TOKENIZERS = ("char", "gpt2")
 SPLITS = ("train", "validation", "test")
 
-# Hugging Face configs of the "wikitext" dataset; the first is the default.
+# Hugging Face configs of the WikiText dataset; the first is the default.
 # Only the tokenized WikiText-2 exists offline (see shared/data/SOURCES.md).
 WIKITEXT_VARIANTS = {
     "wikitext2": ("wikitext-2-v1", "wikitext-2-raw-v1"),
     "wikitext103": ("wikitext-103-raw-v1", "wikitext-103-v1"),
 }
+
+# Hugging Face hub sources. `datasets` >= 4.0 runs no loading scripts: a repository
+# with one raises "Dataset scripts are no longer supported, but found <name>.py". Both
+# repositories below hold parquet files (and a README whose `configs` name them), no
+# script, so `load_dataset(repo, config, split=...)` reads them without running code.
+# - Salesforce/wikitext: configs wikitext-{2,103}-{raw-,}v1, files <config>/<split>-*.parquet
+#   (the bare id "wikitext" is a legacy alias of this repository). One row per line of
+#   the original wiki.*.tokens / wiki.*.raw file, its newline kept, except that blank
+#   lines (" \n" in every file) were stored as "" by the script that made the rows.
+# - karpathy/tiny_shakespeare: config default, files data/<split>-*.parquet, one row per
+#   split: karpathy/char-rnn's input.txt cut 90/5/5 as SHAKESPEARE_CUTS cuts it.
+WIKITEXT_HUB = "Salesforce/wikitext"
 TINYSHAKESPEARE_HUB = "karpathy/tiny_shakespeare"
+HUB_SOURCES = {"wikitext2": WIKITEXT_HUB, "wikitext103": WIKITEXT_HUB,
+               "tinyshakespeare": TINYSHAKESPEARE_HUB}
+WIKITEXT_BLANK_LINE = " \n"  # what an empty Salesforce/wikitext row stands for
 
 # sha256 of every offline text file, from shared/data/SOURCES.md (paths relative to
 # the data dir). A mismatch means the copy is not the corpus the results refer to.
@@ -48,6 +70,20 @@ SHA256 = {
     "wikitext-2-v1/validation.txt": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
     "wikitext-2-v1/test.txt": "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0",
     "tinyshakespeare/input.txt": "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+}
+
+# sha256 of the text rebuilt from the hub, where an offline copy pins it: the
+# Salesforce/wikitext wikitext-2-v1 splits are the offline files byte for byte, and the
+# karpathy/tiny_shakespeare splits are SHAKESPEARE_CUTS of tinyshakespeare/input.txt.
+HUB_SHA256 = {
+    **{(WIKITEXT_HUB, "wikitext-2-v1", s): SHA256[f"wikitext-2-v1/{s}.txt"]
+       for s in ("train", "validation", "test")},
+    (TINYSHAKESPEARE_HUB, None, "train"):
+        "a9e24e23a1ec77744dad26844bfd5a09b6e041954e1eef0000e7f24cba6db735",
+    (TINYSHAKESPEARE_HUB, None, "validation"):
+        "c64e90c160750d91a9d2d9b1ace5eab1a440f5a1701d32a8e97a179b7839f1c8",
+    (TINYSHAKESPEARE_HUB, None, "test"):
+        "8b5a8c8af45905547ad03b7aae6980a277a5dd78924a6e6ac64b75d63d7d40bd",
 }
 
 # tiny-shakespeare is one file; we cut it by character (it is pure ASCII, so also by
@@ -232,13 +268,46 @@ def _read_checked(root: Path, rel: str) -> str:
     return data.decode("utf-8")
 
 
+def _hub_location(path: str) -> str:
+    """What ``datasets.load_dataset`` is given for hub repository ``path``: the repo id,
+    or with ``$NODELM_HUB_MIRROR`` set, the folder ``<mirror>/<owner>/<name>`` that holds
+    a copy laid out as on the hub (same README configs, same parquet paths). A mirror
+    without the repository is an error, not a silent download."""
+    mirror = os.environ.get("NODELM_HUB_MIRROR")
+    if not mirror:
+        return path
+    local = Path(mirror).expanduser().resolve() / path
+    if not local.is_dir():
+        raise FileNotFoundError(f"$NODELM_HUB_MIRROR has no copy of {path}: "
+                                f"{local} is not a directory")
+    return str(local)
+
+
+def _join_hub_rows(path: str, rows) -> str:
+    """The split's text from its rows. Rows keep their own newlines, so they are joined
+    as they are, except that an empty Salesforce/wikitext row was a blank line."""
+    if path == WIKITEXT_HUB:
+        return "".join(row or WIKITEXT_BLANK_LINE for row in rows)
+    return "".join(rows)
+
+
 def _load_hub(path: str, name: str | None, split: str) -> str:
-    """One split from the Hugging Face hub, as one string. Rows keep their own
-    newlines, so they are joined with "". (Tests patch this to simulate offline.)"""
+    """One split from the Hugging Face hub (or ``$NODELM_HUB_MIRROR``), as one string,
+    checked against HUB_SHA256 where an offline copy pins it.
+    (Tests patch this to simulate offline.)"""
     import datasets  # lazy: slow to import and not needed offline
 
-    ds = datasets.load_dataset(path, name, split=split)
-    return "".join(ds["text"])
+    ds = datasets.load_dataset(_hub_location(path), name, split=split)
+    text = _join_hub_rows(path, ds["text"])
+    expected = HUB_SHA256.get((path, name, split))
+    if expected is not None:
+        actual = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        if actual != expected:
+            raise RuntimeError(
+                f"checksum mismatch for {path} ({name or 'default'}) {split}: expected "
+                f"sha256 {expected}, got {actual}. The hub copy is not the pinned corpus "
+                "(see shared/data/SOURCES.md).")
+    return text
 
 
 def _check_choice(kind: str, value, choices) -> None:
@@ -268,7 +337,8 @@ def load_text(corpus: str, split: str, data_dir=None, variant=None) -> str:
     ``wikitext-103-raw-v1`` (default) or ``wikitext-103-v1``), or ``tinyshakespeare``
     (one file cut by character into 90% train / 5% validation / 5% test).
     Local files are used when found (see ``find_data_dir``) and checked against
-    pinned sha256 values; otherwise the hub. Logs which source it used.
+    pinned sha256 values; otherwise the hub (HUB_SOURCES; ``$NODELM_HUB_MIRROR`` for a
+    local copy), checked too where HUB_SHA256 pins the split. Logs which source it used.
     """
     _check_choice("corpus", corpus, CORPORA)
     _check_choice("split", split, SPLITS)
@@ -285,15 +355,27 @@ def load_text(corpus: str, split: str, data_dir=None, variant=None) -> str:
         log.info("%s/%s: read %s (%s)", corpus, split, root / rel, where)
         return _shakespeare_split(text, split) if corpus == "tinyshakespeare" else text
 
-    hub = ("wikitext", variant) if variant else (TINYSHAKESPEARE_HUB, None)
+    hub = (HUB_SOURCES[corpus], variant)
     hub_name = "/".join(h for h in hub if h)
     try:
         text = _load_hub(*hub, split)
     except Exception as e:
         raise RuntimeError(f"{_offline_message(corpus, variant, root, where, rel)}; "
-                           f"loading {hub_name} from the hub failed: {e}") from e
-    log.info("%s/%s: loaded %s from the Hugging Face hub", corpus, split, hub_name)
+                           f"loading {hub_name} from the hub failed: {e}"
+                           f"{_script_hint(hub[0], e)}") from e
+    log.info("%s/%s: loaded %s from the Hugging Face hub%s", corpus, split, hub_name,
+             f" mirror {os.environ['NODELM_HUB_MIRROR']}"
+             if os.environ.get("NODELM_HUB_MIRROR") else "")
     return text
+
+
+def _script_hint(repo: str, err: Exception) -> str:
+    """Say what ``datasets``' refusal of a loading script means for the user."""
+    if "scripts are no longer supported" not in str(err):
+        return ""
+    return (f". {repo} has a loading script, which `datasets` >= 4.0 no longer runs: "
+            "the source must hold data files (such as parquet) instead, or use the offline "
+            "copy ($NODELM_DATA_DIR, see shared/data/SOURCES.md)")
 
 
 def _offline_message(corpus, variant, root, where, rel) -> str:

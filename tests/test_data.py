@@ -92,7 +92,7 @@ def test_no_data_dir_uses_hub(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(data, "_load_hub", lambda *a: calls.append(a) or "from hub\n")
     assert data.load_text("wikitext2", "test") == "from hub\n"
-    assert calls == [("wikitext", "wikitext-2-v1", "test")]
+    assert calls == [("Salesforce/wikitext", "wikitext-2-v1", "test")]
 
 
 def test_missing_local_file_falls_back_to_hub(tmp_path, monkeypatch):
@@ -103,19 +103,24 @@ def test_missing_local_file_falls_back_to_hub(tmp_path, monkeypatch):
     assert data.load_text("wikitext2", "test", data_dir=tmp_path) == "hub text"
 
 
-def test_hub_loader_joins_rows_as_is(monkeypatch):
-    """HF rows keep their own newlines, so joining with "" restores the text."""
+def test_hub_loader_joins_rows(monkeypatch):
+    """HF rows keep their own newlines, so they are joined as they are, except that an
+    empty Salesforce/wikitext row was a blank line, " \\n" (tests/test_data_hub.py runs
+    the real loader on parquet stand-ins of the hub repositories)."""
     calls = []
 
     def load_dataset(path, name, split):
         calls.append((path, name, split))
-        return {"text": ["", " = Title = \n", "\n", " Body text .\n"]}
+        return {"text": ["", " = Title = \n", "", " Body text .\n"]}
 
     fake = type(sys)("datasets")
     fake.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    assert _real_load_hub("wikitext", "wikitext-2-v1", "train") == " = Title = \n\n Body text .\n"
-    assert calls == [("wikitext", "wikitext-2-v1", "train")]
+    assert (_real_load_hub("Salesforce/wikitext", "wikitext-2-raw-v1", "train")
+            == " \n = Title = \n \n Body text .\n")
+    assert _real_load_hub("elsewhere/corpus", None, "train") == " = Title = \n Body text .\n"
+    assert calls == [("Salesforce/wikitext", "wikitext-2-raw-v1", "train"),
+                     ("elsewhere/corpus", None, "train")]
 
 
 # -----------------------------------------------------------------------------
@@ -204,8 +209,8 @@ def test_hub_only_corpora_load_from_hub(shared, monkeypatch):
     monkeypatch.setattr(data, "_load_hub", lambda *a: calls.append(a) or " = A = \n")
     assert data.load_text("wikitext103", "test") == " = A = \n"
     data.load_text("wikitext2", "train", variant="wikitext-2-raw-v1")
-    assert calls == [("wikitext", "wikitext-103-raw-v1", "test"),
-                     ("wikitext", "wikitext-2-raw-v1", "train")]
+    assert calls == [("Salesforce/wikitext", "wikitext-103-raw-v1", "test"),
+                     ("Salesforce/wikitext", "wikitext-2-raw-v1", "train")]
 
 
 # -----------------------------------------------------------------------------

@@ -187,7 +187,8 @@ def test_cli_trains_every_arch_from_a_preset(arch, tmp_path, capsys):
     assert f"{arch} seed 0" in capsys.readouterr().out
 
 
-def test_bfloat16_autocast_run_is_finite_and_close_to_float32():
+def test_bfloat16_autocast_run_is_finite_and_close_to_float32(monkeypatch):
+    monkeypatch.setenv("NODELM_ALLOW_EMULATED_BF16", "1")  # the code path, on any CPU (test_precision.py)
     fp32 = nl.train(tiny_run(max_steps=3, eval_interval=3))
     bf16 = nl.train(tiny_run(max_steps=3, eval_interval=3, dtype="bfloat16"))
     assert bf16.status == "completed" and math.isfinite(bf16.final["val_loss"])

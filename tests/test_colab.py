@@ -1,0 +1,149 @@
+"""The Colab path without Colab: each notebook's install cell under a simulated ``google.colab``,
+the wheel a user uploads, and notebooks that write only under their ``work_dir``."""
+
+import json
+import subprocess
+import sys
+import time
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import nodelm_lib as nl
+from nodelm_lib.workspace import ENV_VAR, repository_root, workspace
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def install_cell(notebook: Path) -> str:
+    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    return "".join(cells[0]["source"])
+
+
+@pytest.fixture
+def on_colab(monkeypatch):
+    """``google.colab`` importable, and pip replaced by a recorder of its command lines."""
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.delenv("NODELM_SOURCE", raising=False)
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append((cmd, kw)))
+    return calls
+
+
+def test_every_notebook_has_the_same_install_cell():
+    cells = {nb.name: install_cell(nb) for nb in NOTEBOOKS}
+    assert len(cells) == 6 and len(set(cells.values())) == 1, sorted(cells)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_install_cell_without_a_source_stops_with_what_to_set(notebook, on_colab):
+    with pytest.raises(RuntimeError, match=r"Set NODELM_SOURCE in this cell .*git\+https://github.com/<you>/nodelm"
+                                           r".*make wheel"):
+        exec(install_cell(notebook), {})
+    assert on_colab == []  # stopped before pip
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_install_cell_installs_the_given_source(notebook, on_colab, monkeypatch, tmp_path):
+    wheel = tmp_path / "nodelm-0.1.0-py3-none-any.whl"
+    source = install_cell(notebook).replace('NODELM_SOURCE = ""', f'NODELM_SOURCE = {str(wheel)!r}', 1)
+    exec(source, {})
+    monkeypatch.setenv("NODELM_SOURCE", str(ROOT))  # a directory, given through the environment
+    exec(install_cell(notebook), {})
+    assert [cmd for cmd, _ in on_colab] == [[sys.executable, "-m", "pip", "install", "-q", src]
+                                           for src in (str(wheel), str(ROOT))]
+    assert all(kw == {"check": True} for _, kw in on_colab)  # a failed pip stops the notebook
+
+
+def test_install_cell_does_nothing_outside_colab(monkeypatch):
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    exec(install_cell(NOTEBOOKS[0]), {})
+    assert calls == []
+
+
+def test_wheel_holds_the_library_only(tmp_path):
+    """What `make wheel` builds: the package and its metadata, no notebooks, tests or results."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--wheel-dir", str(tmp_path), str(ROOT)],
+                   check=True, cwd=tmp_path)
+    (wheel,) = tmp_path.glob("nodelm-*-py3-none-any.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "nodelm_lib/workspace.py" in names and "nodelm_lib/models/gpt.py" in names
+    assert all(n.startswith(("nodelm_lib/", "nodelm-")) for n in names), names
+
+
+def test_workspace_default_and_errors(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert repository_root() == ROOT  # the tests import the checkout (editable install)
+    assert workspace().root == ROOT
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "w"))
+    ws = workspace()
+    assert ws.root == tmp_path / "w" and ws.root.is_dir()
+    assert ws.runs("cpu") == tmp_path / "w" / "results" / "runs" / "cpu"
+    assert ws.rel(ws.figures / "a.png") == "figures/a.png" and ws.rel("/elsewhere/x") == "/elsewhere/x"
+    with pytest.raises(ValueError, match=r"work_dir must be an absolute path .*'results'"):
+        workspace("results")
+
+
+def _files(folder: Path) -> dict[str, float]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime for p in folder.rglob("*") if p.is_file()}
+
+
+def test_notebook_writes_only_under_work_dir(tmp_path):
+    """Notebook 01 (smoke), run by papermill from an unrelated directory: every output lands
+    under work_dir, none in the current directory or the repository."""
+    papermill = pytest.importorskip("papermill")
+    cwd, work = tmp_path / "somewhere", tmp_path / "work"
+    cwd.mkdir()
+    repo_outputs = {d: _files(ROOT / d) for d in ("results", "figures") if (ROOT / d).is_dir()}
+    started = time.time()
+    papermill.execute_notebook(str(ROOT / "notebooks" / "01_gradient_flow.ipynb"), str(tmp_path / "out.ipynb"),
+                               parameters={"work_dir": str(work), "max_steps": 20, "eval_interval": 10},
+                               cwd=str(cwd), kernel_name="python3", progress_bar=False)
+    written = _files(work)
+    assert {"results/gradient_flow_smoke.csv", "results/gradient_flow_smoke_verdict.csv",
+            "figures/gradient_flow_smoke.png"} <= set(written), sorted(written)
+    assert all(t >= started for t in written.values())
+    assert not any(cwd.iterdir())
+    for d, before in repo_outputs.items():
+        after = _files(ROOT / d)
+        changed = sorted(f for f, t in after.items() if t >= started and before.get(f) != t)
+        assert changed == [], f"{d}/ changed by a notebook told to write under {work}: {changed}"
+
+
+def test_workspace_is_exported():
+    assert nl.workspace is workspace and isinstance(nl.workspace(str(ROOT)), nl.Workspace)
+
+
+def notebook_parameters(notebook: Path) -> dict:
+    """The names and default values of a notebook's parameters cell."""
+    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    (params,) = [c for c in cells if "parameters" in c["metadata"].get("tags", [])]
+    namespace: dict = {}
+    exec("".join(params["source"]), namespace)
+    return {k: v for k, v in namespace.items() if not k.startswith("__")}
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_profiles_set_only_parameters_the_notebook_has(notebook):
+    """papermill passes unknown names silently: a misspelt key would leave the default in place."""
+    import yaml
+    names = notebook_parameters(notebook)
+    assert names["device"] == "auto" and names["work_dir"] is None and names["dtype"] == "float32"
+    profiles = sorted((ROOT / "params" / notebook.stem).glob("*.yaml"))
+    assert {p.stem for p in profiles} >= {"cpu", "gpu", "colab"}
+    for path in profiles:
+        values = yaml.safe_load(path.read_text())
+        unknown = sorted(set(values) - set(names))
+        assert not unknown, f"{path.relative_to(ROOT)} sets {unknown}, not parameters of {notebook.name}"
+        assert values["profile"] == path.stem
+        if path.stem in ("gpu", "colab"):
+            assert values["device"] == "auto"
+        if path.stem == "colab":  # a T4: no bf16 units
+            assert values["dtype"] == "float32"
+        if path.stem == "gpu" and "compile_model" in names:
+            assert values["dtype"] == "bfloat16" and values["compile_model"] is True

@@ -1,0 +1,106 @@
+"""Compiled training, the config hash of the new fields, and where bf16 may run on a CPU."""
+
+import glob
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import nodelm_lib as nl
+from nodelm_lib.config import from_dict
+from nodelm_lib.train import (ALLOW_EMULATED_BF16_ENV, CHECKPOINT_NAME, RECORD_NAME, check_dtype_supported,
+                              cpu_has_native_bf16)
+
+REPO = Path(__file__).resolve().parents[1]
+AVX2_FLAGS = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2".split()  # an AVX2 EPYC's, abridged
+
+
+def tiny_run(**kw) -> nl.TrainConfig:
+    model = nl.ModelConfig(arch="gpt", d_model=32, n_heads=4, n_layers=2, max_seq_len=32)
+    base = dict(model=model, batch_size=4, seq_len=32, max_steps=20, lr=3e-3, warmup_steps=3,
+                eval_interval=10, eval_batches=2, progress=False)
+    base.update(kw)
+    return nl.TrainConfig(**base)
+
+
+# inductor compiles the CPU kernels with the system's C++ compiler
+needs_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+                                    reason="torch.compile on CPU needs a C++ compiler (g++ or clang++); none found")
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_compiled_training_matches_eager_and_records_its_compile_time(tmp_path):
+    eager = nl.train(tiny_run())
+    compiled = nl.train(tiny_run(compile=True, out_dir=str(tmp_path)))
+    assert len(compiled.metrics) == len(eager.metrics) == 20
+    for a, b in zip(eager.metrics, compiled.metrics):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-4), (a["step"], a["loss"], b["loss"])
+    assert compiled.final["val_loss"] == pytest.approx(eager.final["val_loss"], abs=1e-4)
+    assert eager.compile_time_s == 0.0 and compiled.compile_time_s > 0
+    assert compiled.compile_time_s <= compiled.train_time_s  # the first step is part of the training time
+    # the record keeps it; the checkpoint holds the eager module's names, and the returned model is eager
+    assert nl.RunRecord.from_json(tmp_path / RECORD_NAME).compile_time_s == compiled.compile_time_s
+    state = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)
+    assert state["model"].keys() == eager.model.state_dict().keys()
+    assert not any("_orig_mod" in k for k in state["model"])
+    assert type(compiled.model) is type(eager.model)
+    loaded = nl.load_model(tmp_path)
+    idx = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(loaded(idx)[0], compiled.model.eval()(idx)[0])
+    assert nl.generate(loaded, idx, 4, temperature=0).shape == (1, 12)  # decoding with the KV cache
+
+
+def test_old_records_load_without_a_compile_time():
+    rec = nl.RunRecord(config=nl.config.to_dict(tiny_run()), config_hash="x", seed=0)
+    old = json.loads(rec.to_json())
+    del old["compile_time_s"]
+    assert nl.RunRecord.from_json(json.dumps(old)).compile_time_s == 0.0
+
+
+def test_compile_leaves_the_hash_alone_until_it_is_set():
+    # hashes of the code before `compile` existed: stored records keep their names
+    assert nl.TrainConfig().config_hash() == "997f4cb0f8a6f28e"
+    assert tiny_run().config_hash() == "2a4eed35c3331c9f"
+    assert nl.TrainConfig(compile=False).config_hash() == nl.TrainConfig().config_hash()
+    assert nl.TrainConfig(compile=True).config_hash() != nl.TrainConfig().config_hash()
+    assert nl.config.apply_overrides(nl.TrainConfig(), ["compile=true"]).compile is True
+
+
+def test_every_stored_record_still_has_its_hash():
+    paths = glob.glob(str(REPO / "results" / "runs" / "**" / "*.json"), recursive=True)
+    if not paths:
+        pytest.skip("no stored run records in results/runs")
+    for path in paths:
+        stored = json.loads(Path(path).read_text())
+        assert from_dict(nl.TrainConfig, stored["config"]).config_hash() == stored["config_hash"], path
+
+
+def test_native_bf16_is_read_from_the_cpu_flags():
+    assert not cpu_has_native_bf16(AVX2_FLAGS)
+    assert not cpu_has_native_bf16(AVX2_FLAGS + ["avx512f", "avx512bw", "avx512vl"])  # AVX-512 alone emulates
+    assert cpu_has_native_bf16(AVX2_FLAGS + ["avx512f", "avx512_bf16"])  # Zen 4, Cooper Lake
+    assert cpu_has_native_bf16(AVX2_FLAGS + ["amx_tile", "amx_bf16"])  # Sapphire Rapids
+    assert cpu_has_native_bf16(["fp", "asimd", "bf16"])  # aarch64 (Graviton 3)
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_refused_with_the_way_out(monkeypatch):
+    monkeypatch.delenv(ALLOW_EMULATED_BF16_ENV, raising=False)
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match=r"dtype='bfloat16' on device='cpu'.*no native bfloat16.*emulate.*"
+                                         r"slower than float32.*NODELM_ALLOW_EMULATED_BF16=1"):
+        check_dtype_supported("bfloat16", cpu, flags=AVX2_FLAGS)
+    check_dtype_supported("bfloat16", cpu, flags=AVX2_FLAGS + ["avx512_bf16"])  # native: allowed
+    check_dtype_supported("bfloat16", cpu, flags=AVX2_FLAGS + ["amx_bf16"])
+    check_dtype_supported("float32", cpu, flags=AVX2_FLAGS)
+    monkeypatch.setenv(ALLOW_EMULATED_BF16_ENV, "1")
+    check_dtype_supported("bfloat16", cpu, flags=AVX2_FLAGS)  # asked for explicitly
+
+
+@pytest.mark.skipif(cpu_has_native_bf16(), reason="this CPU computes bf16 natively: nl.train allows it")
+def test_train_refuses_emulated_bf16_before_any_work(monkeypatch):
+    monkeypatch.delenv(ALLOW_EMULATED_BF16_ENV, raising=False)
+    with pytest.raises(ValueError, match=ALLOW_EMULATED_BF16_ENV):
+        nl.train(tiny_run(device="cpu", dtype="bfloat16"))
