@@ -85,9 +85,7 @@ def forward_flops(tc: TrainConfig) -> float:
     adaptive solver is built on the CPU, where its steps at initialisation are what is counted.
     The global random state is left as it was.
     """
-    cfg = tc.model
-    if cfg.vocab_size is None:
-        cfg = dataclasses.replace(cfg, vocab_size=VOCAB_SIZES[tc.tokenizer])
+    cfg = _model_with_vocab(tc)
     try:
         with torch.device("meta"):
             return forward_flops_per_token(build_model(cfg), tc.seq_len)
@@ -207,10 +205,17 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
+def _model_with_vocab(tc: TrainConfig):
+    """``tc.model`` with the tokenizer's vocabulary size filled in, from the tokenizer classes'
+    constants (constructing the GPT-2 tokenizer would load tiktoken's files, which a time
+    estimate should not need)."""
+    if tc.model.vocab_size is not None:
+        return tc.model
+    return dataclasses.replace(tc.model, vocab_size=VOCAB_SIZES[tc.tokenizer])
+
+
 def _count_params(tc: TrainConfig) -> int:
-    cfg = tc.model if tc.model.vocab_size is not None else dataclasses.replace(
-        tc.model, vocab_size=VOCAB_SIZES[tc.tokenizer])
-    return count_params(cfg)["total"]
+    return count_params(_model_with_vocab(tc))["total"]
 
 
 def _si(n: float) -> str:

@@ -280,7 +280,8 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
         bar.close()
         return records
     threads = max(1, (os.cpu_count() or 1) // workers)
-    unique = {with_tokenizer_vocab(tc).config_hash(): tc for tc in configs}
+    hashes = [with_tokenizer_vocab(tc).config_hash() for tc in configs]
+    unique = dict(zip(hashes, configs))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         futures = {h: pool.submit(run, tc, store, checkpoints, True, need_checkpoint, threads) for h, tc in unique.items()}
         try:
@@ -293,7 +294,7 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
             raise
         finally:
             bar.close()
-    return [futures[with_tokenizer_vocab(tc).config_hash()].result() for tc in configs]
+    return [futures[h].result() for h in hashes]
 
 
 # --------------------------------------------------------------------------- learning rates
