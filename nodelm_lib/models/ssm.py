@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from ..nn import CausalSelfAttention, ModulatedLinear, StaticLinear, active_cache
+from ..nn import CausalSelfAttention, GridPoint, ModulatedLinear, StaticLinear, active_cache
 from .common import CausalLM
 
 # --------------------------------------------------------------------------- scans
@@ -329,10 +329,11 @@ class SelectiveSSM(nn.Module):
         cache = active_cache()
         slot = cache.slot() if cache is not None else None
         # while decoding, continue from the state after the last cached position
-        y, last = scan(x, delta, self.A_at(h), B_s, C_s, slot.get("state") if slot is not None else None)
+        h_t = h.value if isinstance(h, GridPoint) else h  # A(t), D(t) from h(t) itself: two small heads
+        y, last = scan(x, delta, self.A_at(h_t), B_s, C_s, slot.get("state") if slot is not None else None)
         if slot is not None:
             slot["state"] = last
-        y = y + self.D_at(h) * x
+        y = y + self.D_at(h_t) * x
         return self.out_proj(y * F.silu(z), h)
 
 
