@@ -67,12 +67,13 @@ empty :=
 space := $(empty) $(empty)
 nb_alias = $(subst $(space),_,$(wordlist 2,99,$(subst _, ,$(1))))
 
-.PHONY: help setup test unit nbval reproduce tables lab wheel clean distclean $(NOTEBOOKS)
+.PHONY: help setup test unit nbval reproduce tables bench lab wheel clean distclean $(NOTEBOOKS)
 
 help:
 	@echo "nodelm make targets (PROFILE=$(PROFILE), VENV=$(VENV)):"
 	@echo "  setup       create $(VENV) if missing; install torch ($(TORCH_SPEC)) then -e .[dev]"
 	@echo "  test        unit tests (pytest tests/) then nbval over notebooks/"
+	@echo "  bench       the benchmark record (results/bench_cpu.*), then the README tables"
 	@echo "  unit        unit tests only;  nbval: notebook tests only"
 	@echo "  reproduce   run every notebook with params/<nb>/\$$PROFILE.yaml, then tables"
 	@echo "  tables      rewrite the README tables from results/ (python -m nodelm_lib tables)"
@@ -173,6 +174,11 @@ reproduce: setup
 	$(VPY) -m nodelm_lib tables
 
 tables: setup
+	$(VPY) -m nodelm_lib tables
+
+# the benchmark record (bench/record.py, ~10 min on two cores), then the README tables
+bench: setup
+	$(VPY) bench/record.py
 	$(VPY) -m nodelm_lib tables
 
 lab: setup

@@ -91,6 +91,87 @@ def cached_per_call(compute: Callable[[], object]) -> object:
     return slot["value"]
 
 
+# --------------------------------------------------------------------------- weights on a time grid
+
+
+class TimeGrid:
+    r"""The times at which a fixed-step solve will evaluate its field, so that every weight that
+    depends on t alone is generated for all of them at once: one batched call per layer per
+    forward pass instead of one per field evaluation.
+
+    Why: ``node``'s hypernetwork forms W(t) = B + sum_k e_k(t) A_k from E full-size basis
+    matrices. Per evaluation that reads all E of them forward and writes (and accumulates) a
+    full-size gradient for each backward; for S evaluations at once it is one (S x E) by
+    (E x in*out) product each way. The time-indexed gates batch the same way, with S times
+    fewer small kernels. Opened by ``ODEBlock`` for one solve (``time_grid``); a layer's
+    batched weights are memoised on the grid, so they live as long as that pass's graph.
+    """
+
+    def __init__(self, times: torch.Tensor):
+        self.times = times  # (S,)
+        self._memo: dict[int, object] = {}
+
+    def memo(self, owner: object, compute: Callable[[], object]) -> object:
+        """``compute()`` once per grid for ``owner`` (a layer), then the stored value."""
+        key = id(owner)
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def point(self, t: torch.Tensor, owner: object, inputs_at: Callable[[torch.Tensor], torch.Tensor]) -> "GridPoint":
+        """t as a point of this grid, carrying ``inputs_at(times)`` (owner's batched time code
+        or trunk output, (S, ...)). t is found as the nearest grid time on its device, without
+        a host synchronisation."""
+        index = (self.times - t.to(self.times)).abs().argmin()
+        return GridPoint(self, index, self.memo(owner, lambda: inputs_at(self.times)))
+
+
+class GridPoint:
+    """A field evaluation's time on a ``TimeGrid``: what time-dependent layers receive in place
+    of the time code (node) or the trunk output h(t) (ti_*) while a grid is open."""
+
+    def __init__(self, grid: TimeGrid, index: torch.Tensor, inputs: torch.Tensor):
+        self.grid, self.index, self.inputs = grid, index, inputs
+
+    @property
+    def value(self) -> torch.Tensor:
+        """The input at this time alone (what the layer would get without a grid)."""
+        return self.inputs[self.index]
+
+    def take(self, layer: nn.Module, weights_at: Callable[[torch.Tensor], tuple]) -> tuple:
+        """``layer``'s weights at this time: ``weights_at(inputs)`` for every grid time, computed
+        once per grid, indexed at this one (a tuple of (S, ...) tensors or None)."""
+        batched = self.grid.memo(layer, lambda: weights_at(self.inputs))
+        return tuple(None if w is None else w[self.index] for w in batched)
+
+
+_ACTIVE_GRID: contextvars.ContextVar[TimeGrid | None] = contextvars.ContextVar("nodelm_time_grid", default=None)
+
+
+def active_grid() -> TimeGrid | None:
+    """The time grid of the solve in progress, or None."""
+    return _ACTIVE_GRID.get()
+
+
+@contextlib.contextmanager
+def time_grid(times: torch.Tensor):
+    """Open a ``TimeGrid`` over ``times`` for the duration of one solve."""
+    token = _ACTIVE_GRID.set(TimeGrid(times))
+    try:
+        yield
+    finally:
+        _ACTIVE_GRID.reset(token)
+
+
+def time_dependent(value, layer: nn.Module, weights_at: Callable[[torch.Tensor], tuple]) -> tuple:
+    """``layer``'s weights for ``value``: a ``GridPoint`` (batched over the grid's times) or a
+    single time's code / trunk output (batched over one time; cached per call site while
+    decoding). ``weights_at`` maps (S, ...) inputs to a tuple of (S, ...) weights."""
+    if isinstance(value, GridPoint):
+        return value.take(layer, weights_at)
+    return cached_per_call(lambda: tuple(None if w is None else w[0] for w in weights_at(value[None])))
+
+
 class CausalSelfAttention(nn.Module):
     r"""Multi-head causal self-attention.
 
@@ -209,8 +290,13 @@ def sinusoidal_features(t: torch.Tensor, dim: int, max_freq: float = 8.0) -> tor
 def time_code(t: torch.Tensor, n_features: int) -> torch.Tensor:
     """phi(t) = [sin(w_k t), cos(w_k t), t]: the sinusoidal features with t itself appended
     (so that a network reading phi can also be monotone in t). Shape (n_features + 1,)."""
-    t = t.reshape(1).float()
-    return torch.cat([sinusoidal_features(t, n_features).reshape(-1), t])
+    return time_codes(t.reshape(1), n_features)[0]
+
+
+def time_codes(times: torch.Tensor, n_features: int) -> torch.Tensor:
+    """``time_code`` of each of S times: (S, n_features + 1)."""
+    times = times.reshape(-1, 1).float()
+    return torch.cat([sinusoidal_features(times, n_features), times], dim=-1)
 
 
 class TimeEmbedding(nn.Module):
@@ -280,13 +366,18 @@ class HyperLinear(nn.Module):
 
     def weight_at(self, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(W(t), b(t)) for the time code of t."""
-        e = self.coefficients(code.to(self.weight.dtype))  # (E,)
-        weight = self.weight + (e @ self.weight_basis.flatten(1)).view_as(self.weight)
+        weight, bias = self.weights_at(code[None])
+        return weight[0], None if bias is None else bias[0]
+
+    def weights_at(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(W(t_s), b(t_s)) for S time codes (S, F): (S, out, in) and (S, out), one product."""
+        e = self.coefficients(codes.to(self.weight.dtype))  # (S, E)
+        weight = self.weight + (e @ self.weight_basis.flatten(1)).view(-1, *self.weight.shape)
         bias = None if self.bias is None else self.bias + e @ self.bias_basis
         return weight, bias
 
-    def forward(self, x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, *cached_per_call(lambda: self.weight_at(code)))
+    def forward(self, x: torch.Tensor, code) -> torch.Tensor:
+        return F.linear(x, *time_dependent(code, self, self.weights_at))
 
 
 class TimeLayerNorm(nn.Module):
@@ -301,14 +392,19 @@ class TimeLayerNorm(nn.Module):
         self.bias_mod = nn.Parameter(torch.zeros(d_model, code_dim)) if bias else None
 
     def weight_at(self, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        code = code.to(self.weight.dtype)
-        weight = self.weight + self.weight_mod @ code
-        bias = None if self.bias is None else self.bias + self.bias_mod @ code
+        """(scale, shift) for the time code of t."""
+        weight, bias = self.weights_at(code[None])
+        return weight[0], None if bias is None else bias[0]
+
+    def weights_at(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(scale, shift) for S time codes (S, F): (S, D) each."""
+        codes = codes.to(self.weight.dtype)
+        weight = self.weight + codes @ self.weight_mod.t()
+        bias = None if self.bias is None else self.bias + codes @ self.bias_mod.t()
         return weight, bias
 
-    def forward(self, x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
-        weight, bias = cached_per_call(lambda: self.weight_at(code))
-        return F.layer_norm(x, (x.shape[-1],), weight, bias)
+    def forward(self, x: torch.Tensor, code) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), *time_dependent(code, self, self.weights_at))
 
 
 class TimeModulation(nn.Module):
@@ -329,9 +425,17 @@ class TimeModulation(nn.Module):
         """PyTorch's default init (``std`` unused): h(t) must vary with t from the start."""
         self.net[0].reset_parameters()
 
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
+    def forward(self, t: torch.Tensor):
+        """h(t) (H,); while a ``TimeGrid`` is open, a ``GridPoint`` carrying h at every grid time."""
+        grid = active_grid()
+        if grid is not None:
+            return grid.point(t, self, self.at_times)
         # depends on t alone: while decoding, computed once per call site (solver stage)
-        return cached_per_call(lambda: self.net(time_code(t, self.n_features).to(self.net[0].weight.dtype)))
+        return cached_per_call(lambda: self.at_times(t.reshape(1))[0])
+
+    def at_times(self, times: torch.Tensor) -> torch.Tensor:
+        """h(t_s) for S times: (S, H)."""
+        return self.net(time_codes(times, self.n_features).to(self.net[0].weight.dtype))
 
 
 class ModulatedLinear(nn.Module):
@@ -375,11 +479,15 @@ class ModulatedLinear(nn.Module):
 
     def weight_at(self, h: torch.Tensor) -> torch.Tensor:
         """W_eff(t) for the trunk output h(t)."""
-        logits = self.row_gate(h)[:, None] + self.col_gate(h)[None, :]
-        return self.weight * torch.sigmoid(logits)
+        return self.weights_at(h[None])[0][0]
 
-    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, cached_per_call(lambda: self.weight_at(h)), self.bias)
+    def weights_at(self, hs: torch.Tensor) -> tuple[torch.Tensor]:
+        """(W_eff(t_s),) for S trunk outputs (S, H): (S, out, in)."""
+        logits = self.row_gate(hs)[:, :, None] + self.col_gate(hs)[:, None, :]
+        return (self.weight * torch.sigmoid(logits),)
+
+    def forward(self, x: torch.Tensor, h) -> torch.Tensor:
+        return F.linear(x, time_dependent(h, self, self.weights_at)[0], self.bias)
 
 
 class StaticLinear(nn.Linear):

@@ -64,8 +64,8 @@ def test_cached_pass_matches_the_full_forward_position_by_position():
 def test_time_dependent_weights_are_computed_once_per_step_not_per_token(monkeypatch):
     model = trained_like(small("node"))
     calls = []
-    original = HyperLinear.weight_at
-    monkeypatch.setattr(HyperLinear, "weight_at", lambda self, code: calls.append(1) or original(self, code))
+    original = HyperLinear.weights_at
+    monkeypatch.setattr(HyperLinear, "weights_at", lambda self, codes: calls.append(1) or original(self, codes))
     nl.generate(model, torch.zeros(1, 3, dtype=torch.long), 10, temperature=0)
     # the prefill pass: 4 layers x 3 Euler steps; the 9 single-token passes reuse them
     assert len(calls) == 4 * 3
@@ -73,8 +73,8 @@ def test_time_dependent_weights_are_computed_once_per_step_not_per_token(monkeyp
 
 @pytest.mark.parametrize("arch, owner, name", [("hybrid", nn_module.TimeEmbedding, "embed"),
                                                ("node", node_module, "time_code"),
-                                               ("ti_mlp", nn_module, "time_code"),
-                                               ("ti_ssm", nn_module, "time_code")])
+                                               ("ti_mlp", nn_module, "time_codes"),
+                                               ("ti_ssm", nn_module, "time_codes")])
 def test_what_depends_on_t_alone_is_computed_on_the_prefill_pass_only(monkeypatch, arch, owner, name):
     """The time embedding / time code / modulation trunk of every stage: once per (step,
     stage) on the first pass, never again for the single-token passes (rk4: 4 stages)."""

@@ -9,6 +9,7 @@ the body of the models that are a single time-dependent block integrated over t 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -17,9 +18,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ODEConfig
-from ..nn import DecodeCache, linear_cross_entropy
+from ..nn import DecodeCache, active_cache, linear_cross_entropy, time_grid
 from ..ode import SolveStats, odeint
 from ..ode.solve import FIXED_STEP_METHODS
+from ..ode.tableaus import TABLEAUS
 
 
 class CausalLM(nn.Module):
@@ -179,10 +181,43 @@ class ODEBlock(nn.Module):
             raise ValueError(f"integration='residual' is a discrete stack x + f(t_k, x): it needs "
                              f"method='euler', got {ode.method!r}")
         self.stats.reset()
-        states = odeint(
+        times = self.field_times(x)
+        with time_grid(times) if times is not None else contextlib.nullcontext():
+            states = self._solve(x, *args)
+        return states[-1]
+
+    def field_times(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Every t at which this solve will evaluate the field, when they are known before it
+        starts and weights may be generated for all of them at once (``nn.TimeGrid``): an
+        explicit Runge-Kutta method, not decoding (its cache keeps weights per call site), and
+        backprop through the solve (``direct``) or no gradient at all (the other gradient
+        methods evaluate the field again in backward, outside this solve). Else None.
+
+        The times are formed with the solver's own arithmetic (``Solver._runge_kutta``,
+        ``rk_step``: step start t_0 + j dt, stage start + c_i dt, in x's dtype), so a field
+        sees bit for bit the t it would see without the grid."""
+        ode = self.ode
+        if ode.method not in TABLEAUS or active_cache() is not None:
+            return None
+        if torch.is_grad_enabled() and ode.sensitivity != "direct":
+            return None
+        t = self.interval(x)
+        dt = (t[1] - t[0]) / ode.n_steps
+        starts = [t[0] + j * dt for j in range(ode.n_steps)]
+        times = torch.stack([s + c * dt for s in starts for c in TABLEAUS[ode.method].c])
+        return torch.unique(times)
+
+    def interval(self, x: torch.Tensor) -> torch.Tensor:
+        """Depth runs over [0, 1], in x's dtype and on its device (as ``odeint`` casts it)."""
+        dtype = x.dtype if x.is_floating_point() else torch.float32
+        return torch.tensor([0.0, 1.0], device=x.device, dtype=dtype)
+
+    def _solve(self, x: torch.Tensor, *args) -> torch.Tensor:
+        ode = self.ode
+        return odeint(
             lambda t, h: self.vector_field(t, h, *args),
             x,
-            torch.tensor([0.0, 1.0], device=x.device),
+            self.interval(x),
             method=ode.method,
             sensitivity=ode.sensitivity,
             rtol=ode.rtol,
@@ -192,7 +227,6 @@ class ODEBlock(nn.Module):
             steps_per_interval=ode.n_steps if ode.method in FIXED_STEP_METHODS else 1,
             stats=self.stats,
         )
-        return states[-1]
 
     def vector_field(self, t: torch.Tensor, x: torch.Tensor, *args) -> torch.Tensor:
         """What the solver integrates: ``field`` with the two switches applied."""

@@ -23,7 +23,8 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig, ODEConfig
-from ..nn import HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, cached_per_call, mlp_hidden, time_code
+from ..nn import (HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, active_grid, cached_per_call, mlp_hidden,
+                  time_code, time_codes)
 from .common import ContinuousDepthLM
 from .gpt import GPT
 
@@ -45,7 +46,11 @@ class NodeField(nn.Module):
         self.mlp = TimeMLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout, linear)
 
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        code = cached_per_call(lambda: time_code(t, self.time_features).to(x.device))  # t alone: once per stage
+        grid = active_grid()
+        if grid is not None:  # every weight at every grid time at once (``nn.TimeGrid``)
+            code = grid.point(t, self, lambda times: time_codes(times, self.time_features).to(x.device))
+        else:
+            code = cached_per_call(lambda: time_code(t, self.time_features).to(x.device))  # t alone: once per stage
         return self.attn(self.ln_1(x, code), code) + self.mlp(self.ln_2(x, code), code)
 
 

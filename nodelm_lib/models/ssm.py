@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from ..nn import CausalSelfAttention, ModulatedLinear, StaticLinear, active_cache
+from ..nn import CausalSelfAttention, GridPoint, ModulatedLinear, StaticLinear, active_cache
 from .common import CausalLM
 
 # --------------------------------------------------------------------------- scans
@@ -106,6 +106,122 @@ def linear_recurrence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tenso
         state = a[:, s] * state + b[:, s]
         out.append(state)
     return torch.stack(out, dim=1)
+
+
+# --------------------------------------------------------------------------- the selective scan
+
+
+def time_major(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """(B, T, D) -> contiguous (T, B, 1, D) and (B, T, N) -> (T, B, N, 1), the two broadcast
+    shapes of ``_SelectiveScan``'s (T, B, N, D) layout (D and N told apart by ``tensors[0]``:
+    the first tensor fixes D). Contiguous: broadcasting over strided views is several times
+    slower on a CPU."""
+    D = tensors[0].shape[-1]
+    return [t.transpose(0, 1).contiguous()[:, :, None, :] if t.shape[-1] == D else
+            t.transpose(0, 1).contiguous()[..., None] for t in tensors]
+
+
+class _SelectiveScan(torch.autograd.Function):
+    r"""y_s = sum_n C_{s,n} h_{s,.,n} with h_s = exp(Delta_s A) * h_{s-1} + (Delta_s x_s) B_s, fused.
+
+    Shapes: x, delta (B, T, D); A (D, N); B_s, C_s (B, T, N); h0 (B, D, N) or None (zeros).
+    Internally every (., N, D) tensor is time-major with D innermost, (T, B, N, D): each
+    position's state H[s] is one contiguous block that the recurrence updates in place, and
+    every reduction over n or d is a cheap strided sum or a small matmul (on a CPU, sums over
+    a short innermost axis and batched matrix-vector products are several times slower).
+    Only the recurrence itself is a loop over positions (one fused multiply-add each); the
+    decays, the inputs, the read-out and all of the backward pass's reductions are batched
+    over all positions. Seven full-size (T, B, N, D) tensors per call, forward and backward;
+    the chunked ``linear_recurrence`` path needs about twenty.
+
+    Backward: with :math:`\lambda_s = \partial L/\partial h_s = g_s C_s + a_{s+1} \lambda_{s+1}`
+    (the same recurrence run backwards, g = dL/dy plus dL/dh_{T-1} at the end) and
+    :math:`G_s = \lambda_s a_s h_{s-1}` (the gradient of log a_s = Delta_s A):
+
+    .. math::
+        \partial_C = \textstyle\sum_d g H, \quad
+        \partial_B = \sum_d \lambda\, \Delta x, \quad
+        \partial_\Delta = \sum_n G A + x \sum_n \lambda B, \quad
+        \partial_x = \Delta \sum_n \lambda B, \quad
+        \partial_A = \sum_{b,s} G \Delta, \quad \partial_{h_0} = a_0 \lambda_0.
+    """
+
+    @staticmethod
+    def forward(ctx, x, delta, A, B_s, C_s, h0):
+        delta_tm, x_tm, B_tm, C_tm = time_major(delta, x, B_s, C_s)
+        shape = (*delta_tm.shape[:2], A.shape[1], A.shape[0])  # (T, B, N, D)
+        # big outputs go into buffers from torch.empty: measured on CPU, an elementwise op
+        # that allocates its own (T, B, N, D) output page-faults and runs 5-8x slower
+        a = torch.mul(delta_tm, A.t().contiguous(), out=delta.new_empty(shape)).exp_()  # in (0, 1]
+        H = torch.mul(delta_tm * x_tm, B_tm, out=delta.new_empty(shape))  # the inputs b_s; states in place
+        if h0 is not None:
+            H[0].addcmul_(a[0], h0.transpose(-1, -2))
+        for s in range(1, shape[0]):
+            H[s].addcmul_(a[s], H[s - 1])
+        y = torch.matmul(C_tm.transpose(-1, -2), H).squeeze(-2)  # (T, B, D): sum over n
+        ctx.save_for_backward(x, delta, A, B_s, C_s, h0, a, H)
+        return y.transpose(0, 1), H[-1].transpose(-1, -2)
+
+    @staticmethod
+    def backward(ctx, grad_y, grad_last):
+        x, delta, A, B_s, C_s, h0, a, H = ctx.saved_tensors
+        delta_tm, x_tm, B_tm, C_tm, g = time_major(delta, x, B_s, C_s, grad_y)
+        lam = torch.mul(g, C_tm, out=torch.empty_like(H))  # g_s C_s, becomes lambda_s in place
+        if grad_last is not None:
+            lam[-1].add_(grad_last.transpose(-1, -2))
+        for s in range(lam.shape[0] - 2, -1, -1):
+            lam[s].addcmul_(a[s + 1], lam[s + 1])
+        dx_tm = delta_tm * x_tm
+        grad_C = torch.matmul(H, g.transpose(-1, -2)).squeeze(-1)  # (T, B, N): sum over d
+        grad_B = torch.matmul(lam, dx_tm.transpose(-1, -2)).squeeze(-1)  # (T, B, N)
+        lam_B = torch.matmul(B_tm.transpose(-1, -2), lam)  # (T, B, 1, D): sum over n
+        grad_h0 = None
+        if h0 is not None and ctx.needs_input_grad[5]:
+            grad_h0 = (a[0] * lam[0]).transpose(-1, -2)
+        G = lam.mul_(a)  # lambda is not needed past here: G in its buffer
+        G[1:].mul_(H[:-1])
+        if h0 is None:
+            G[0].zero_()
+        else:
+            G[0].mul_(h0.transpose(-1, -2))
+        G_A = torch.mul(G, A.t().contiguous(), out=torch.empty_like(G))
+        grad_delta = G_A.sum(-2, keepdim=True).add_(x_tm * lam_B)
+        grad_A = G.mul_(delta_tm).sum((0, 1)).t()  # (D, N)
+        grad_x = delta_tm * lam_B
+        return (*(z.squeeze(-2).transpose(0, 1) for z in (grad_x, grad_delta)), grad_A,
+                grad_B.transpose(0, 1), grad_C.transpose(0, 1), grad_h0)
+
+
+def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B_s: torch.Tensor, C_s: torch.Tensor,
+                   h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The selective SSM's core: y_{s,d} = sum_n C_{s,n} h_{s,d,n} with
+    h_s = exp(Delta_s A) * h_{s-1} + Delta_s x_s B_s and h_{-1} = ``h0`` (default 0).
+
+    x, delta (B, T, D); A (D, N); B_s, C_s (B, T, N); h0 (B, D, N). Returns y (B, T, D) and the
+    last state h_{T-1} (B, D, N). Differentiable in every input (``_SelectiveScan``).
+    """
+    if x.shape != delta.shape or x.dim() != 3:
+        raise ValueError(f"x and delta must have the same shape (B, T, D); got {tuple(x.shape)} and {tuple(delta.shape)}")
+    return _SelectiveScan.apply(x, delta, A, B_s, C_s, h0)
+
+
+def scan_with(recurrence):
+    """A ``selective_scan`` that forms the decays a and inputs b in full, (B, T, D, N), and
+    solves h_s = a_s h_{s-1} + b_s with ``recurrence(a, b)``: the chunked ``linear_recurrence``
+    (the layer's ``chunk_size`` path) or the sequential reference (the tests' ground truth)."""
+
+    def scan(x, delta, A, B_s, C_s, h0=None):
+        a = torch.exp(delta[..., None] * A)
+        b = (delta * x)[..., None] * B_s[:, :, None, :]
+        if h0 is not None:  # continue from h0: h_0 = a_0 h0 + b_0
+            b = torch.cat([b[:, :1] + a[:, :1] * h0[:, None], b[:, 1:]], dim=1)
+        states = recurrence(a, b)
+        return torch.einsum("btdn,btn->btd", states, C_s), states[:, -1]
+
+    return scan
+
+
+selective_scan_reference = scan_with(linear_recurrence_reference)
 
 
 # --------------------------------------------------------------------------- layer
@@ -196,11 +312,13 @@ class SelectiveSSM(nn.Module):
         return self.D_base * 2 * torch.sigmoid(self.D_head(h))
 
     def forward(self, u: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
-        return self._forward(u, h, lambda a, b: linear_recurrence(a, b, self.chunk_size))
+        if self.chunk_size is None:
+            return self._forward(u, h, selective_scan)
+        return self._forward(u, h, scan_with(lambda a, b: linear_recurrence(a, b, self.chunk_size)))
 
     def reference_forward(self, u: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
-        """``forward`` with the sequential scan: the ground truth for the parallel one."""
-        return self._forward(u, h, linear_recurrence_reference)
+        """``forward`` with the sequential scan: the ground truth for the fast ones."""
+        return self._forward(u, h, selective_scan_reference)
 
     def _forward(self, u: torch.Tensor, h: torch.Tensor, scan) -> torch.Tensor:
         D, N = self.d_model, self.state_size
@@ -208,16 +326,14 @@ class SelectiveSSM(nn.Module):
         x = F.silu(x)  # Mamba applies SiLU after its convolution; there is no convolution here
         delta, B_s, C_s = self.x_proj(x, h).split([D, N, N], dim=-1)
         delta = F.softplus(delta)  # (B, T, D)
-        a = torch.exp(delta[..., None] * self.A_at(h))  # (B, T, D, N), in (0, 1)
-        b = (delta * x)[..., None] * B_s[:, :, None, :]  # (B, T, D, N)
         cache = active_cache()
         slot = cache.slot() if cache is not None else None
-        if slot is not None and "state" in slot:  # continue from the last cached position
-            b = torch.cat([b[:, :1] + a[:, :1] * slot["state"][:, None], b[:, 1:]], dim=1)
-        states = scan(a, b)
+        # while decoding, continue from the state after the last cached position
+        h_t = h.value if isinstance(h, GridPoint) else h  # A(t), D(t) from h(t) itself: two small heads
+        y, last = scan(x, delta, self.A_at(h_t), B_s, C_s, slot.get("state") if slot is not None else None)
         if slot is not None:
-            slot["state"] = states[:, -1]
-        y = torch.einsum("btdn,btn->btd", states, C_s) + self.D_at(h) * x
+            slot["state"] = last
+        y = y + self.D_at(h_t) * x
         return self.out_proj(y * F.silu(z), h)
 
 

@@ -1,0 +1,223 @@
+"""The benchmark record: every speed target of the project, each measured against its reference
+in the same run, written with the machine it ran on.
+
+    python bench/record.py                    # writes results/bench_cpu.{json,csv}; `make tables` puts the CSV in the README
+    python bench/record.py --rounds 3 --decode-tokens 64 --out /tmp/bench   # a quick look
+
+What it measures (one thread unless ``--threads``; the 02 sweep trains two runs at a time with
+one thread each):
+
+* **02 cpu step**: one training step (forward, backward, gradient clipping, fused AdamW) of
+  every arm of notebook 02's cpu profile (d=128, 4 heads, depth 4, batch 12 x 64 characters,
+  node with Tong et al.'s hypernetwork sizes) against ``gpt``'s. Each arm trains in a fresh
+  process as in the sweep, the arms taking turns (``--rounds`` processes each, so a slow period
+  of the machine hits them alike); the median step. Also the ratio of forward FLOPs per
+  token: a ratio of times near the
+  ratio of FLOPs means the arm costs what its arithmetic says.
+* **seed config step**: ``gpt`` and ``hybrid`` at the seed's configuration (GPT-2 vocabulary,
+  d=256, 6 layers, batch 32 x 64, dropout 0.1; the hybrid's ODE block over layers 2-4 with 4
+  Euler steps) against ``bench/seed_reference.py``, a re-implementation of the seed's model and
+  training step, in the same round robin.
+* **decode**: ``nl.generate`` of ``--decode-tokens`` greedy tokens after a 16-token prompt with
+  the cache against without it, per arch, at notebook 06's cpu sizes (d=64, 4 heads, depth 4).
+* **baby config**: ``gpt``'s training tokens/s at nanoGPT's CPU baby config (the 02 step above).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # seed_reference
+import nodelm_lib as nl  # noqa: E402
+from nodelm_lib.experiment import architecture_arms  # noqa: E402
+from nodelm_lib.models import count_params  # noqa: E402
+from nodelm_lib.profiling import cpu_description, forward_flops_per_token  # noqa: E402
+from seed_reference import SeedLM, seed_training_step  # noqa: E402
+
+TARGETS = {"ti_ssm": 1.5, "node": 1.2, "ti_mlp": 1.2, "hybrid": 1.2}  # max step-time ratio to gpt (issue 20)
+
+
+def our_training_step(model, optimizer):
+    """nl.train's step without the data and logging: loss, backward, clip to 1, fused AdamW."""
+
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    return step
+
+
+def round_robin(steps: dict, batch, rounds: int, block: int = 4) -> dict[str, float]:
+    """Median seconds per call of each ``steps[name](*batch)``. The names take turns in blocks of
+    ``block`` consecutive calls, of which the first is dropped (it pays for the switch: caches
+    and allocator state left by another model), until each has ``rounds`` timed calls."""
+    times = {name: [] for name in steps}
+    while min(map(len, times.values())) < rounds:
+        for name, step in steps.items():
+            for i in range(block):
+                start = time.perf_counter()
+                step(*batch)
+                if i:
+                    times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def cpu_02_arms() -> dict[str, nl.ModelConfig]:
+    base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=128, n_heads=4, n_layers=4, max_seq_len=64,
+                          dropout=0.0, ssm_state_size=16, ode=nl.ODEConfig(method="euler", n_steps=4))
+    arms = architecture_arms(base, ["gpt", "hybrid", "node", "ti_mlp", "ti_ssm"], match_to="ti_mlp",
+                             controls=["gpt_parallel", "ssm"], presets={"node": "tong"})
+    return {name: arm["model"] for name, arm in arms.items()}
+
+
+def arm_step_seconds(name: str, steps: int, threads: int) -> list[float]:
+    """Seconds of each of ``steps`` training steps of 02's arm ``name``, in this process."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = nl.build_model(cpu_02_arms()[name])
+    step = our_training_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True))
+    x = torch.randint(0, 256, (12, 64))
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step(x, torch.roll(x, -1, 1))
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
+    """Each arm trains in a fresh process, as every run of the sweep does (its allocator and
+    caches start empty, which decides a lot at these sizes); the arms take turns, ``rounds``
+    processes each, 12 steps per process of which the first two are dropped."""
+    arms = cpu_02_arms()
+    samples = {name: [] for name in arms}
+    for _ in range(rounds):
+        for name in arms:
+            out = subprocess.run([sys.executable, __file__, "--child-arm", name, "--threads", str(threads)],
+                                 check=True, capture_output=True, text=True).stdout
+            samples[name] += json.loads(out.strip().splitlines()[-1])[2:]
+    median = {name: float(np.median(t)) for name, t in samples.items()}
+    flops = {name: forward_flops_per_token(nl.build_model(cfg), 64) for name, cfg in arms.items()}
+    rows = []
+    for name in arms:
+        ratio = median[name] / median["gpt"]
+        rows.append(dict(benchmark="02 cpu training step", case=name, value=1000 * median[name], unit="ms/step",
+                         reference="gpt", reference_value=1000 * median["gpt"], ratio=ratio,
+                         flops_ratio=flops[name] / flops["gpt"], target=TARGETS.get(name),
+                         met=None if name not in TARGETS else bool(ratio <= TARGETS[name])))
+    tokens = 12 * 64
+    rows.append(dict(benchmark="baby config (nanoGPT CPU)", case="gpt", value=tokens / median["gpt"],
+                     unit="tokens/s", reference=None, reference_value=None, ratio=None, flops_ratio=None,
+                     target=None, met=None))
+    return rows
+
+
+def bench_seed_config(rounds: int) -> list[dict]:
+    V, common = 50257, dict(d_model=256, n_heads=4, n_layers=6, max_seq_len=128, dropout=0.1)
+    torch.manual_seed(0)
+    ours = {"gpt": nl.ModelConfig(arch="gpt", vocab_size=V, **common),
+            "hybrid": nl.ModelConfig(arch="hybrid", vocab_size=V, ode_start=2, ode_end=4,
+                                     ode=nl.ODEConfig(method="euler", n_steps=4), **common)}
+    refs = {"gpt": SeedLM(V, **common), "hybrid": SeedLM(V, ode_start=2, ode_end=4, n_steps=4, **common)}
+    steps = {}
+    for name, cfg in ours.items():
+        model = nl.build_model(cfg).train()
+        steps[name] = our_training_step(model, torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True))
+        ref = refs[name].train()
+        opt = torch.optim.AdamW(ref.parameters(), lr=3e-4)
+        steps["seed " + name] = lambda x, y, ref=ref, opt=opt: seed_training_step(ref, opt, x, y)
+    x = torch.randint(0, V, (32, 64))
+    median = round_robin(steps, (x, torch.roll(x, -1, 1)), rounds, block=2)
+    return [dict(benchmark="seed config training step", case=name, value=1000 * median[name], unit="ms/step",
+                 reference="seed " + name, reference_value=1000 * median["seed " + name],
+                 ratio=median["seed " + name] / median[name], flops_ratio=None, target=1.5,
+                 met=bool(median["seed " + name] / median[name] >= 1.5)) for name in ours]
+
+
+def bench_decode(new_tokens: int) -> list[dict]:
+    rows = []
+    for arch in ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm"):
+        extra = {"ode_start": 1, "ode_end": 3} if arch == "hybrid" else {}
+        cfg = nl.ModelConfig(arch=arch, vocab_size=256, d_model=64, n_heads=4, n_layers=4, max_seq_len=16 + new_tokens,
+                             ode=nl.ODEConfig(method="euler", n_steps=4), **extra)
+        torch.manual_seed(0)
+        model = nl.build_model(cfg).eval()
+        prompt = torch.randint(0, 256, (1, 16))
+        seconds = {}
+        for use_cache in (True, False):
+            start = time.perf_counter()
+            nl.generate(model, prompt, new_tokens, temperature=0, use_cache=use_cache)
+            seconds[use_cache] = time.perf_counter() - start
+        ratio = seconds[False] / seconds[True]
+        rows.append(dict(benchmark=f"decode {new_tokens} tokens", case=arch, value=new_tokens / seconds[True],
+                         unit="tokens/s cached", reference="uncached", reference_value=new_tokens / seconds[False],
+                         ratio=ratio, flops_ratio=None, target=10.0, met=bool(ratio >= 10.0)))
+    return rows
+
+
+def machine(threads: int) -> dict:
+    return dict(cpu_description(), torch=torch.__version__, python=platform.python_version(), threads=threads,
+                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+
+
+def write(rows: list[dict], info: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"machine": info, "measurements": rows}, indent=1) + "\n")
+    fmt = lambda v, d: "–" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))  # noqa: E731
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["benchmark", "case", "value", "unit", "reference", "reference value", "ratio", "FLOPs ratio",
+                    "target", "met"])
+        for r in rows:
+            w.writerow([r["benchmark"], r["case"], fmt(r["value"], 1), r["unit"], fmt(r["reference"], 0),
+                        fmt(r["reference_value"], 1), fmt(r["ratio"], 2), fmt(r["flops_ratio"], 2),
+                        fmt(r["target"], 1), {True: "yes", False: "no", None: "–"}[r["met"]]])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="processes per arm (02 cpu, 10 timed steps each); "
+                        "seed config: 3 x rounds timed steps per model")
+    parser.add_argument("--decode-tokens", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", choices=["02", "seed", "decode"], action="append")
+    parser.add_argument("--out", default="results/bench_cpu", help="path stem of the .json and .csv")
+    parser.add_argument("--child-arm", help=argparse.SUPPRESS)  # one arm's steps, printed as JSON
+    args = parser.parse_args()
+    if args.child_arm:
+        print(json.dumps(arm_step_seconds(args.child_arm, 12, args.threads)))
+        return
+    torch.set_num_threads(args.threads)
+    info = machine(args.threads)
+    print(info, flush=True)
+    rows = []
+    parts = {"02": lambda: bench_02_cpu(args.rounds, args.threads), "seed": lambda: bench_seed_config(3 * args.rounds),
+             "decode": lambda: bench_decode(args.decode_tokens)}
+    for name in args.only or list(parts):
+        for r in parts[name]():
+            rows.append(r)
+            print(f"{r['benchmark']:28s} {r['case']:13s} {r['value']:9.1f} {r['unit']:16s}"
+                  + ("" if r["ratio"] is None else f" ratio {r['ratio']:.2f} vs {r['reference']}")
+                  + ("" if r["flops_ratio"] is None else f" (FLOPs {r['flops_ratio']:.2f})")
+                  + ("" if r["met"] is None else f" target {r['target']}: {'met' if r['met'] else 'NOT met'}"),
+                  flush=True)
+    write(rows, info, Path(args.out))
+    print(f"wrote {args.out}.json and .csv")
+
+
+if __name__ == "__main__":
+    main()
