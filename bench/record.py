@@ -29,6 +29,7 @@ import argparse
 import csv
 import dataclasses
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -126,7 +127,10 @@ def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
     return rows
 
 
-def bench_seed_config(rounds: int) -> list[dict]:
+def bench_seed_config(rounds: int, threads: int) -> list[dict]:
+    """At the seed's size one run has the machine to itself: ``threads`` (default: every core)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
     V, common = 50257, dict(d_model=256, n_heads=4, n_layers=6, max_seq_len=128, dropout=0.1)
     torch.manual_seed(0)
     ours = {"gpt": nl.ModelConfig(arch="gpt", vocab_size=V, **common),
@@ -142,6 +146,7 @@ def bench_seed_config(rounds: int) -> list[dict]:
         steps["seed " + name] = lambda x, y, ref=ref, opt=opt: seed_training_step(ref, opt, x, y)
     x = torch.randint(0, V, (32, 64))
     median = round_robin(steps, (x, torch.roll(x, -1, 1)), rounds, block=2)
+    torch.set_num_threads(previous)
     return [dict(benchmark="seed config training step", case=name, value=1000 * median[name], unit="ms/step",
                  reference="seed " + name, reference_value=1000 * median["seed " + name],
                  ratio=median["seed " + name] / median[name], flops_ratio=None, target=1.5,
@@ -180,10 +185,10 @@ def write(rows: list[dict], info: dict, out: Path) -> None:
     fmt = lambda v, d: "–" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))  # noqa: E731
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["benchmark", "case", "value", "unit", "reference", "reference value", "ratio", "FLOPs ratio",
-                    "target", "met"])
+        w.writerow(["benchmark", "case", "threads", "value", "unit", "reference", "reference value", "ratio",
+                    "FLOPs ratio", "target", "met"])
         for r in rows:
-            w.writerow([r["benchmark"], r["case"], fmt(r["value"], 1), r["unit"], fmt(r["reference"], 0),
+            w.writerow([r["benchmark"], r["case"], r["threads"], fmt(r["value"], 1), r["unit"], fmt(r["reference"], 0),
                         fmt(r["reference_value"], 1), fmt(r["ratio"], 2), fmt(r["flops_ratio"], 2),
                         fmt(r["target"], 1), {True: "yes", False: "no", None: "–"}[r["met"]]])
 
@@ -193,7 +198,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="processes per arm (02 cpu, 10 timed steps each); "
                         "seed config: 3 x rounds timed steps per model")
     parser.add_argument("--decode-tokens", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="threads of the 02 and decode measurements")
+    parser.add_argument("--seed-threads", type=int, default=os.cpu_count(), help="threads at the seed config")
     parser.add_argument("--only", choices=["02", "seed", "decode"], action="append")
     parser.add_argument("--out", default="results/bench_cpu", help="path stem of the .json and .csv")
     parser.add_argument("--child-arm", help=argparse.SUPPRESS)  # one arm's steps, printed as JSON
@@ -205,10 +211,11 @@ def main() -> None:
     info = machine(args.threads)
     print(info, flush=True)
     rows = []
-    parts = {"02": lambda: bench_02_cpu(args.rounds, args.threads), "seed": lambda: bench_seed_config(3 * args.rounds),
+    parts = {"02": lambda: bench_02_cpu(args.rounds, args.threads), "seed": lambda: bench_seed_config(3 * args.rounds, args.seed_threads),
              "decode": lambda: bench_decode(args.decode_tokens)}
     for name in args.only or list(parts):
         for r in parts[name]():
+            r["threads"] = args.seed_threads if name == "seed" else args.threads
             rows.append(r)
             print(f"{r['benchmark']:28s} {r['case']:13s} {r['value']:9.1f} {r['unit']:16s}"
                   + ("" if r["ratio"] is None else f" ratio {r['ratio']:.2f} vs {r['reference']}")
