@@ -90,17 +90,15 @@ def _param(model) -> torch.Tensor:
 def solver_grid(model) -> torch.Tensor:
     """The step start times t_i (n_steps,) of the model's fixed-step solve, as the solver forms them.
 
-    Obtained from ``Solver.integrate(..., trajectory=...)`` itself on the interval the
+    Obtained from ``Solver.trajectory`` itself on the interval the
     ``ODEBlock`` solves ([0, 1], in the parameters' dtype, as ``odeint`` casts it), so they are
     the solver's numbers, not a re-derivation (t_i = i / n up to rounding).
     """
     block = _block(model)
     p = _param(model)
     t = torch.tensor([0.0, 1.0], device=p.device).to(p.dtype)
-    traj: list = []
-    Solver(block.ode.method, block.ode.n_steps).integrate(lambda s, x: torch.zeros_like(x),
-                                                          torch.zeros(1, dtype=p.dtype, device=p.device), t,
-                                                          trajectory=traj)
+    _, traj = Solver(block.ode.method, block.ode.n_steps).trajectory(lambda s, x: torch.zeros_like(x),
+                                                                     torch.zeros(1, dtype=p.dtype, device=p.device), t)
     return torch.stack([s for s, _, _ in traj[:-1]])  # the last entry is the end point t = 1
 
 
@@ -402,13 +400,12 @@ def dynamics_summary(spectral: pd.DataFrame, lyapunov: pd.DataFrame) -> pd.DataF
 
 def trajectory(model, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The model's own solve of one input: (step times (n+1,), states x(t_i) for i = 0..n), the
-    last being x(1), from ``Solver.integrate(..., trajectory=...)`` on ``model.ode_block.vector_field``
+    last being x(1), from ``Solver.trajectory`` on ``model.ode_block.vector_field``
     (as ``ODEBlock.forward`` solves it). ``idx`` (B, T); eval mode is the caller's business."""
     block = _block(model)
     x0 = initial_state(model, idx)
     t = torch.tensor([0.0, 1.0], device=x0.device).to(x0.dtype)
-    traj: list = []
-    Solver(block.ode.method, block.ode.n_steps).integrate(block.vector_field, x0, t, trajectory=traj)
+    _, traj = Solver(block.ode.method, block.ode.n_steps).trajectory(block.vector_field, x0, t)
     return torch.stack([s for s, _, _ in traj]), [x for _, x, _ in traj]
 
 
