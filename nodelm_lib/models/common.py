@@ -16,10 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import ModelConfig, ODEConfig
+from ..config import CONTINUOUS_ARCHS, ModelConfig, ODEConfig
 from ..nn import DecodeCache, linear_cross_entropy
-from ..ode import SolveStats, odeint
-from ..ode.solve import FIXED_STEP_METHODS
+from ..ode import FIXED_STEP_METHODS, Solver, SolverCounters, gradient_method
 
 
 class CausalLM(nn.Module):
@@ -55,8 +54,7 @@ class CausalLM(nn.Module):
                 f"sequence length {start + T} exceeds max_seq_len={self.cfg.max_seq_len}; "
                 "crop the context or build the model with a larger max_seq_len"
             )
-        pos = torch.arange(start, start + T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        x = self.embed(idx, start)
         if cache is None:
             h = self.ln_f(self.body(x, **kwargs))
         else:
@@ -69,6 +67,12 @@ class CausalLM(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss
+
+    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """The embedded sequence drop(wte(idx) + wpe(pos)) for idx (B, T) at positions start, start + 1, ...:
+        what ``body`` receives (for a continuous-depth model, x(0))."""
+        pos = torch.arange(start, start + idx.shape[1], device=idx.device)
+        return self.drop(self.wte(idx) + self.wpe(pos))
 
     def set_ode(self, ode: ODEConfig | None = None, **changes) -> None:
         """Solve every ODE block with another configuration from now on.
@@ -86,10 +90,10 @@ class CausalLM(nn.Module):
     def ode_stats(self) -> dict[str, int]:
         """Solver counters of the last forward (and backward) pass, summed over the ODE blocks.
 
-        Keys as in ``SolveStats`` (nfe, n_accepted, n_rejected, nfe_backward); ``{}`` for a
+        Keys as in ``SolverCounters`` (nfe, n_accepted, n_rejected, nfe_backward); ``{}`` for a
         model without ODE blocks. Training logs them per step as ``ode/<key>``.
         """
-        found = [m.stats for m in self.modules() if isinstance(getattr(m, "stats", None), SolveStats)]
+        found = [m.counters for m in self.modules() if isinstance(m, ODEBlock)]
         if not found:
             return {}
         return {key: sum(s.as_dict()[key] for s in found) for key in found[0].as_dict()}
@@ -137,8 +141,7 @@ class CausalLM(nn.Module):
 
 # --------------------------------------------------------------------------- ODE blocks
 
-# gradient methods whose backward evaluates the field again, outside the forward's graph
-REEVALUATING_SENSITIVITIES = ("backsolve", "interpolating", "quadrature", "reversible")
+DEPTH_INTERVAL = (0.0, 1.0)  # every ODE block integrates over depth t in [0, 1]
 
 
 class ODEBlock(nn.Module):
@@ -146,7 +149,9 @@ class ODEBlock(nn.Module):
 
     Fixed-step methods take ``ode.n_steps`` steps; adaptive ones choose their own. ``self.ode``
     may be replaced after training (``CausalLM.set_ode``) to evaluate at other steps or
-    methods; ``self.stats`` holds the counters of the last solve (reset at every forward).
+    methods; ``self.counters`` holds the counters of the last solve (reset at every forward).
+    ``times``, ``solver`` and ``step_times`` are the interval, solver and grid of that solve, for
+    anything that must reproduce it (``node.evaluate_at``, the analyses).
 
     Two ablation switches of the continuous-depth models live here, since they are about how
     the field is integrated and not about what it computes:
@@ -166,11 +171,27 @@ class ODEBlock(nn.Module):
         self.dropout = dropout
         self.integration = integration
         self.modulation = modulation
-        self.stats = SolveStats()
+        self.counters = SolverCounters()
+
+    @staticmethod
+    def times(dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+        """t = [0, 1]: the output times of the solve, in the state's dtype (as ``odeint`` casts them)."""
+        return torch.tensor(DEPTH_INTERVAL, dtype=dtype, device=device)
+
+    def solver(self) -> Solver:
+        """The solver ``self.ode`` describes (``n_steps`` steps over [0, 1] for a fixed-step method)."""
+        ode = self.ode
+        steps = ode.n_steps if ode.method in FIXED_STEP_METHODS else 1
+        return Solver(ode.method, steps, ode.rtol, ode.atol, ode.max_num_steps)
+
+    def step_times(self, dtype: torch.dtype | None = None, device=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(t_m, dt_m)`` of every step of the solve (fixed-step methods; ``Solver.step_times``)."""
+        return self.solver().step_times(self.times(dtype, device))
 
     def forward(self, x: torch.Tensor, *args) -> torch.Tensor:
         ode = self.ode
-        if ode.sensitivity in REEVALUATING_SENSITIVITIES and self.training and self.dropout > 0:
+        grad = gradient_method(ode.sensitivity)
+        if grad.reevaluates_field and self.training and self.dropout > 0:
             # backward evaluates the field again: new dropout masks would make the
             # reconstructed trajectory (and so the gradients) wrong
             raise ValueError(f"sensitivity={ode.sensitivity!r} needs a deterministic field: set dropout=0 "
@@ -178,19 +199,16 @@ class ODEBlock(nn.Module):
         if self.integration == "residual" and ode.method != "euler":
             raise ValueError(f"integration='residual' is a discrete stack x + f(t_k, x): it needs "
                              f"method='euler', got {ode.method!r}")
-        self.stats.reset()
-        states = odeint(
+        self.counters.reset()
+        solver = self.solver()
+        grad.check(solver)
+        states = grad.solve(
+            solver,
             lambda t, h: self.vector_field(t, h, *args),
             x,
-            torch.tensor([0.0, 1.0], device=x.device),
-            method=ode.method,
-            sensitivity=ode.sensitivity,
-            rtol=ode.rtol,
-            atol=ode.atol,
-            max_num_steps=ode.max_num_steps,
+            self.times(x.dtype, x.device),
             params=(*self.field.parameters(), *(a for a in args if torch.is_tensor(a) and a.requires_grad)),
-            steps_per_interval=ode.n_steps if ode.method in FIXED_STEP_METHODS else 1,
-            stats=self.stats,
+            counters=self.counters,
         )
         return states[-1]
 
@@ -225,3 +243,13 @@ class ContinuousDepthLM(CausalLM):
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
         return self.ode_block(x)
+
+
+def continuous_block(model: nn.Module, purpose: str) -> ODEBlock:
+    """The ``ODEBlock`` of a continuous-depth model (``CONTINUOUS_ARCHS``: the whole body is one
+    ODE block, x(0) the embedded sequence); a ``ValueError`` saying what needs one otherwise."""
+    if not isinstance(model, ContinuousDepthLM):
+        arch = getattr(getattr(model, "cfg", None), "arch", None)
+        raise ValueError(f"{purpose} needs a continuous-depth model (arch {', '.join(map(repr, CONTINUOUS_ARCHS))}), "
+                         f"got {type(model).__name__} (arch={arch!r})")
+    return model.ode_block
