@@ -11,7 +11,8 @@ __version__ = "0.1.0"  # set before the imports below: train.py records it
 
 from .config import PRESETS, ModelConfig, ODEConfig, TrainConfig, apply_overrides, load_yaml, model_preset, save_yaml
 from .models import build_model, count_params, match_params
-from .ode import SolveStats, odeint
+from .ode import (Backsolve, Checkpoint, Direct, GradientMethod, Interpolating, Quadrature, Reversible,
+                  SolverCounters, SolveStats, odeint)
 from .generate import generate
 from .checkpoints import load_model, save_checkpoint
 from .train import NonFiniteError, RunRecord, resolve_device, train  # noqa: E402  (rebinds nl.train to the function)
@@ -22,6 +23,7 @@ from .workspace import Workspace, workspace  # noqa: E402
 
 __all__ = [
     "ModelConfig", "ODEConfig", "TrainConfig", "apply_overrides", "load_yaml", "save_yaml",
-    "PRESETS", "model_preset", "build_model", "count_params", "match_params", "generate", "save_checkpoint", "load_model", "odeint", "SolveStats", "train", "RunRecord", "NonFiniteError", "resolve_device",
+    "PRESETS", "model_preset", "build_model", "count_params", "match_params", "generate", "save_checkpoint", "load_model", "odeint", "SolverCounters", "SolveStats",
+    "GradientMethod", "Direct", "Checkpoint", "Backsolve", "Interpolating", "Quadrature", "Reversible", "train", "RunRecord", "NonFiniteError", "resolve_device",
     "run", "sweep", "estimate_time", "Workspace", "workspace",
 ]

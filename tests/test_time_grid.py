@@ -69,13 +69,24 @@ def test_grid_times_are_the_solver_times_bit_for_bit():
     assert sorted(set(seen)) == grid.tolist()
 
 
-def test_no_grid_for_adjoint_gradients_or_adaptive_methods():
+@pytest.mark.parametrize("sensitivity, grad_enabled, batched", [("direct", True, True), ("checkpoint", True, False),
+                                                               ("checkpoint", False, True)])
+def test_grid_only_where_backward_does_not_evaluate_the_field_again(monkeypatch, sensitivity, grad_enabled, batched):
+    """checkpoint recomputes each step in backward, outside the solve: no grid while it trains
+    (one weight set per evaluation); with no gradient at all the grid is safe."""
+    m = model("node", "euler")
+    m.ode_block.ode = nl.ODEConfig(method="euler", n_steps=3, sensitivity=sensitivity)
+    sizes = []
+    original = HyperLinear.weights_at
+    monkeypatch.setattr(HyperLinear, "weights_at", lambda self, inputs: sizes.append(len(inputs)) or original(self, inputs))
+    with torch.set_grad_enabled(grad_enabled):
+        m(torch.zeros(1, 4, dtype=torch.long))
+    assert set(sizes) == ({3} if batched else {1})
+
+
+def test_no_grid_for_adaptive_methods():
     m = model("node", "euler")
     x = torch.zeros(1, 2, 32, dtype=torch.float64)
     assert m.ode_block.field_times(x) is not None
-    m.ode_block.ode = nl.ODEConfig(method="euler", n_steps=3, sensitivity="checkpoint")
-    assert m.ode_block.field_times(x) is None  # recomputed in backward, outside the solve
-    with torch.no_grad():
-        assert m.ode_block.field_times(x) is not None
     m.ode_block.ode = nl.ODEConfig(method="dopri5")
     assert m.ode_block.field_times(x) is None

@@ -25,8 +25,9 @@ import pandas as pd
 import torch
 
 from ..config import ModelConfig
+from ..models.common import ODEBlock
 from ..models.hybrid import HybridField
-from ..ode import ADAPTIVE_METHODS, SolveStats, odeint
+from ..ode import ADAPTIVE_METHODS, SolverCounters, odeint
 from ..plotting import use_style
 from ..profiling import peak_memory_mb
 
@@ -67,7 +68,7 @@ def hybrid_problem(d_model: int = 64, n_heads: int = 4, batch: int = 4, seq_len:
 
 
 def _unit_interval(x: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([0.0, 1.0], dtype=x.dtype, device=x.device)
+    return ODEBlock.times(x.dtype, x.device)  # [0, 1], as the models' ODE blocks solve
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -85,17 +86,17 @@ def error_vs_nfe(problem: Problem, fixed_methods, step_counts, adaptive_methods=
         rows = []
         for method in fixed_methods:
             for n in step_counts:
-                stats = SolveStats()
-                y = odeint(problem.field, problem.x0, t, method=method, steps_per_interval=n, stats=stats)[-1]
+                counters = SolverCounters()
+                y = odeint(problem.field, problem.x0, t, method=method, steps_per_interval=n, counters=counters)[-1]
                 rows.append({"problem": problem.name, "method": method, "kind": "fixed", "n_steps": n,
-                             "tolerance": math.nan, "nfe": stats.nfe, "error": _relative(y, ref)})
+                             "tolerance": math.nan, "nfe": counters.nfe, "error": _relative(y, ref)})
         for method in adaptive_methods:
             for tol in tolerances:
-                stats = SolveStats()
+                counters = SolverCounters()
                 y = odeint(problem.field, problem.x0, t, method=method, rtol=tol, atol=tol, max_num_steps=100_000,
-                           stats=stats)[-1]
-                rows.append({"problem": problem.name, "method": method, "kind": "adaptive", "n_steps": stats.n_accepted,
-                             "tolerance": tol, "nfe": stats.nfe, "error": _relative(y, ref)})
+                           counters=counters)[-1]
+                rows.append({"problem": problem.name, "method": method, "kind": "adaptive", "n_steps": counters.n_accepted,
+                             "tolerance": tol, "nfe": counters.nfe, "error": _relative(y, ref)})
     return pd.DataFrame(rows)
 
 
@@ -112,10 +113,10 @@ def observed_orders(accuracy: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _forward_backward(problem: Problem, method: str, sensitivity: str, n: int, stats: SolveStats | None = None):
+def _forward_backward(problem: Problem, method: str, sensitivity: str, n: int, counters: SolverCounters | None = None):
     x0 = problem.x0.detach().requires_grad_()
     y = odeint(problem.field, x0, _unit_interval(x0), method=method, sensitivity=sensitivity, steps_per_interval=n,
-               params=problem.params, stats=stats)
+               params=problem.params, counters=counters)
     loss = y[-1].square().mean()
     grads = torch.autograd.grad(loss, (x0, *problem.params))
     return torch.cat([g.reshape(-1) for g in grads])
@@ -139,15 +140,15 @@ def sensitivity_costs(problem: Problem, sensitivities, step_counts, method: str 
         m = method_for(sens, method)
         if (m, n) not in reference:
             reference[(m, n)] = _forward_backward(problem, m, "direct", n)
-        stats = SolveStats()
-        grad = _forward_backward(problem, m, sens, n, stats)
+        counters = SolverCounters()
+        grad = _forward_backward(problem, m, sens, n, counters)
         seconds = []
         for _ in range(repeats):
             start = time.perf_counter()
             _forward_backward(problem, m, sens, n)
             seconds.append(time.perf_counter() - start)
         rows.append({"problem": problem.name, "sensitivity": sens, "method": m, "n_steps": n,
-                     "time_s": statistics.median(seconds), "nfe": stats.nfe, "nfe_backward": stats.nfe_backward,
+                     "time_s": statistics.median(seconds), "nfe": counters.nfe, "nfe_backward": counters.nfe_backward,
                      "grad_rel_error": _relative(grad, reference[(m, n)])})
     device = problem.x0.device
     for row in progress(rows, desc=f"{problem.name}: memory"):

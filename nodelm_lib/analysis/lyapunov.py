@@ -2,7 +2,7 @@ r"""Finite-time Lyapunov exponents of a flow, by the QR (Benettin) method on the
 
 **Method.** A fixed-step explicit Runge-Kutta solve is a sequence of maps
 x_{m+1} = Phi_m(x_m) = ``rk_step(field, tableau, s_m, dt, x_m)`` on the grid the solver uses
-(``t[i] + j dt``, ``dt = (t[i+1] - t[i]) / steps_per_interval``, as ``Solver._runge_kutta``).
+(``t[i] + j dt``, ``dt = (t[i+1] - t[i]) / steps_per_interval``: ``Solver.step_times``).
 Perturbations are advanced by the Jacobians of these maps, J_m = dPhi_m/dx (x_m), applied to an
 orthonormal basis Q_m of k tangent vectors; each step re-orthonormalises by QR,
 
@@ -49,7 +49,8 @@ import pandas as pd
 import torch
 from torch.func import jvp, vmap
 
-from ..ode import TABLEAUS, rk_step
+from ..models.common import continuous_block
+from ..ode import TABLEAUS, Solver, rk_step
 from ..plotting import use_style
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -95,17 +96,9 @@ def _tableau(method: str):
 
 
 def step_grid(t: torch.Tensor, steps_per_interval: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The (s, dt) of every step a fixed-step solve over ``t`` takes, formed as
-    ``Solver._runge_kutta`` forms them: dt = (t[i+1] - t[i]) / k and s = t[i] + j dt."""
-    if not isinstance(t, torch.Tensor) or t.ndim != 1 or t.numel() < 2:
-        raise ValueError(f"t must be a 1-D tensor of at least two times, got {t!r}")
-    if not (isinstance(steps_per_interval, int) and steps_per_interval >= 1):
-        raise ValueError(f"steps_per_interval must be a positive integer, got {steps_per_interval!r}")
-    grid = []
-    for i in range(t.numel() - 1):
-        dt = (t[i + 1] - t[i]) / steps_per_interval
-        grid.extend((t[i] + j * dt, dt) for j in range(steps_per_interval))
-    return grid
+    """The (s, dt) of every step a fixed-step solve over ``t`` takes (``Solver.step_times``):
+    dt = (t[i+1] - t[i]) / k and s = t[i] + j dt."""
+    return Solver("euler", steps_per_interval).step_times(t)
 
 
 def _random_basis(n: int, k: int, seed: int, dtype, device) -> torch.Tensor:
@@ -214,37 +207,26 @@ def analysis_model(model: torch.nn.Module, dtype: torch.dtype | None = torch.flo
     return copy_
 
 
-def _ode(model):
-    """The model's ``ODEBlock``."""
-    block = getattr(model, "ode_block", None)
-    if block is None:
-        raise ValueError(f"{type(model).__name__} is not a continuous-depth model (node, ti_mlp, ti_ssm): "
-                         "it has no ode_block")
-    return block
-
-
 def model_step_maps(model: torch.nn.Module,
                     dtype: torch.dtype | None = None) -> list[Callable[[torch.Tensor], torch.Tensor]]:
     """The solver's step maps x -> x_next of a continuous-depth model, in order.
 
     Each is ``rk_step(model.ode_block.vector_field, tableau, s, dt, x)`` with the model's method
-    and the grid its ``ODEBlock`` solves on (t = [0, 1] in the state's dtype, ``n_steps`` steps),
-    so composing them reproduces ``model.ode_block(x)`` (a test checks it).
+    and the grid its ``ODEBlock`` solves on (``ODEBlock.step_times`` in the state's dtype), so
+    composing them reproduces ``model.ode_block(x)`` (a test checks it).
     """
-    block = _ode(model)
+    block = continuous_block(model, "the Lyapunov analysis")
     tableau = _tableau(block.ode.method)
     if dtype is None:
         dtype = next(model.parameters()).dtype
     device = next(model.parameters()).device
-    t = torch.tensor([0.0, 1.0], device=device).to(dtype)  # as ODEBlock builds it and odeint casts it
     return [(lambda x, s=s, dt=dt: rk_step(block.vector_field, tableau, s, dt, x))
-            for s, dt in step_grid(t, block.ode.n_steps)]
+            for s, dt in block.step_times(dtype, device)]
 
 
 def initial_state(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
-    """x(0) = drop(wte(idx) + wpe(pos)) for idx (B, T), as ``CausalLM.forward`` forms it."""
-    pos = torch.arange(idx.shape[1], device=idx.device)
-    return model.drop(model.wte(idx) + model.wpe(pos))
+    """x(0) for idx (B, T): the embedded sequence, ``model.embed(idx)``."""
+    return model.embed(idx)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 r"""Spectra of a continuous-depth language model along depth t (Tong et al., ICLR 2025, section 5).
 
 Two analyses of ``node`` and ``ti_mlp`` models (``ti_ssm``: attention only), both on the grid the
-model's own solver uses: by default its **step starts** t_i (``solver_grid``; t_i = i / n for n
-steps). A multi-stage method also evaluates the field at t_i + c_j dt (rk4: t_i + dt/2 twice and
+model's own solver uses: by default its **step starts** t_i (``solver_grid``, from
+``ODEBlock.step_times``; t_i = i / n for n steps). A multi-stage method also evaluates the field at t_i + c_j dt (rk4: t_i + dt/2 twice and
 t_i + dt, so the weights at t = 1 enter the last step); ``field_times(model)`` lists every time the
 field receives in one forward pass, and ``weight_spectra(model, times=field_times(model))`` reads
 the weights at all of them.
@@ -36,7 +36,7 @@ and FF maps of dx/dt are ``WeightSpectra.field_scale`` (= n_steps; 1 otherwise) 
 Jacobian spectra below are of dx/dt itself and include the factor.
 
 **The vector field's Jacobian** (``jacobian_spectra``): along the trajectory of one input through
-the model's own solve (``nodelm_lib.ode.Solver`` with ``trajectory``), the Jacobian
+the model's own solve (``nodelm_lib.ode.Solver.trajectory``), the Jacobian
 J_i = d f / d x of ``model.ode_block.vector_field`` (ablation switches applied) at each step start
 (t_i, x(t_i)), with respect to the whole state (T positions x D). Causal attention makes J block
 lower-triangular over positions, so its eigenvalues are the union of those of the diagonal blocks
@@ -60,10 +60,11 @@ import pandas as pd
 import torch
 from torch.func import jvp, vjp
 
+from ..models.common import continuous_block
 from ..nn import time_code
-from ..ode import FIXED_STEP_METHODS, Solver
+from ..ode import FIXED_STEP_METHODS
 from ..plotting import use_style
-from .lyapunov import _math_attention, _ode, analysis_model, initial_state, jacobian_rows
+from .lyapunov import _math_attention, analysis_model, jacobian_rows
 
 KINDS = ("qk", "ov", "ff")
 
@@ -72,11 +73,7 @@ KINDS = ("qk", "ov", "ff")
 
 
 def _block(model):
-    block = getattr(model, "ode_block", None)
-    arch = getattr(getattr(model, "cfg", None), "arch", None)
-    if block is None or arch not in ("node", "ti_mlp", "ti_ssm"):
-        raise ValueError(f"spectral analysis needs a continuous-depth model (arch 'node', 'ti_mlp' or 'ti_ssm'), "
-                         f"got {type(model).__name__} (arch={arch!r})")
+    block = continuous_block(model, "spectral analysis")
     if block.ode.method not in FIXED_STEP_METHODS:
         raise ValueError(f"ode.method={block.ode.method!r} is adaptive: its grid depends on the input; "
                          f"use a fixed-step method ({', '.join(FIXED_STEP_METHODS)})")
@@ -88,20 +85,10 @@ def _param(model) -> torch.Tensor:
 
 
 def solver_grid(model) -> torch.Tensor:
-    """The step start times t_i (n_steps,) of the model's fixed-step solve, as the solver forms them.
-
-    Obtained from ``Solver.integrate(..., trajectory=...)`` itself on the interval the
-    ``ODEBlock`` solves ([0, 1], in the parameters' dtype, as ``odeint`` casts it), so they are
-    the solver's numbers, not a re-derivation (t_i = i / n up to rounding).
-    """
-    block = _block(model)
+    """The step start times t_i (n_steps,) of the model's fixed-step solve, in the parameters' dtype:
+    ``ODEBlock.step_times``, the numbers the solver steps on (t_i = i / n up to rounding)."""
     p = _param(model)
-    t = torch.tensor([0.0, 1.0], device=p.device).to(p.dtype)
-    traj: list = []
-    Solver(block.ode.method, block.ode.n_steps).integrate(lambda s, x: torch.zeros_like(x),
-                                                          torch.zeros(1, dtype=p.dtype, device=p.device), t,
-                                                          trajectory=traj)
-    return torch.stack([s for s, _, _ in traj[:-1]])  # the last entry is the end point t = 1
+    return torch.stack([s for s, _ in _block(model).step_times(p.dtype, p.device)])
 
 
 def field_time(model, t: torch.Tensor) -> torch.Tensor:
@@ -402,14 +389,13 @@ def dynamics_summary(spectral: pd.DataFrame, lyapunov: pd.DataFrame) -> pd.DataF
 
 def trajectory(model, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The model's own solve of one input: (step times (n+1,), states x(t_i) for i = 0..n), the
-    last being x(1), from ``Solver.integrate(..., trajectory=...)`` on ``model.ode_block.vector_field``
-    (as ``ODEBlock.forward`` solves it). ``idx`` (B, T); eval mode is the caller's business."""
+    last being x(1), from ``Solver.trajectory`` on ``model.ode_block.vector_field`` with the block's
+    own solver and interval (as ``ODEBlock.forward`` solves it). ``idx`` (B, T); eval mode is the
+    caller's business."""
     block = _block(model)
-    x0 = initial_state(model, idx)
-    t = torch.tensor([0.0, 1.0], device=x0.device).to(x0.dtype)
-    traj: list = []
-    Solver(block.ode.method, block.ode.n_steps).integrate(block.vector_field, x0, t, trajectory=traj)
-    return torch.stack([s for s, _, _ in traj]), [x for _, x, _ in traj]
+    x0 = model.embed(idx)
+    _, points = block.solver().trajectory(block.vector_field, x0, block.times(x0.dtype, x0.device))
+    return torch.stack([s for s, _, _ in points]), [x for _, x, _ in points]
 
 
 def field_jacobian(model, t: torch.Tensor, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
@@ -515,7 +501,7 @@ def jacobian_spectra(model, idx: torch.Tensor, mode: str = "blocks", n_krylov: i
     a few thousand rows cost seconds per t here). Computed on an eval copy in ``dtype``."""
     if mode not in ("blocks", "full", "arnoldi"):
         raise ValueError(f"mode={mode!r} is not valid; choose 'blocks', 'full' or 'arnoldi'")
-    _ode(model)
+    continuous_block(model, "jacobian_spectra")
     if mode == "arnoldi" and model.cfg.arch == "ti_ssm":
         # models/ssm.py's scan is an autograd.Function without setup_context: torch.func.jvp refuses it
         raise ValueError("mode='arnoldi' needs forward-mode AD (torch.func.jvp), which ti_ssm's selective scan "

@@ -11,8 +11,8 @@ import dataclasses
 
 import torch
 
-from ..config import ARCHS, ModelConfig
-from .common import CausalLM, ContinuousDepthLM, ODEBlock
+from ..config import ARCHS, CONTINUOUS_ARCHS, ModelConfig
+from .common import CausalLM, ContinuousDepthLM, ODEBlock, continuous_block
 from .gpt import GPT
 from .hybrid import HybridODETransformer
 from .node import NeuralODETransformer, param_count_formula
@@ -28,6 +28,8 @@ _REGISTRY = {
     "ssm": SSMTransformer,
 }
 assert set(_REGISTRY) == set(ARCHS), "config.ARCHS and the model registry disagree"
+assert {arch for arch, cls in _REGISTRY.items() if issubclass(cls, ContinuousDepthLM)} == set(CONTINUOUS_ARCHS), \
+    "config.CONTINUOUS_ARCHS and the ContinuousDepthLM families disagree"
 
 MATCH_BY = ("d_model", "mlp_ratio")
 
@@ -87,5 +89,5 @@ def match_params(cfg: ModelConfig, target_params: int, by: str = "d_model") -> M
 
 
 __all__ = ["build_model", "count_params", "match_params", "param_count_formula", "CausalLM",
-           "ContinuousDepthLM", "ODEBlock", "GPT", "HybridODETransformer", "NeuralODETransformer",
+           "ContinuousDepthLM", "ODEBlock", "continuous_block", "GPT", "HybridODETransformer", "NeuralODETransformer",
            "TimeIndexedMLP", "TimeIndexedSSM", "SSMTransformer"]

@@ -17,10 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import ModelConfig, ODEConfig
+from ..config import CONTINUOUS_ARCHS, ModelConfig, ODEConfig
 from ..nn import DecodeCache, active_cache, linear_cross_entropy, time_grid
-from ..ode import SolveStats, odeint
-from ..ode.solve import FIXED_STEP_METHODS
+from ..ode import FIXED_STEP_METHODS, Solver, SolverCounters, gradient_method
 from ..ode.tableaus import TABLEAUS
 
 
@@ -57,8 +56,7 @@ class CausalLM(nn.Module):
                 f"sequence length {start + T} exceeds max_seq_len={self.cfg.max_seq_len}; "
                 "crop the context or build the model with a larger max_seq_len"
             )
-        pos = torch.arange(start, start + T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        x = self.embed(idx, start)
         if cache is None:
             h = self.ln_f(self.body(x, **kwargs))
         else:
@@ -71,6 +69,12 @@ class CausalLM(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss
+
+    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """The embedded sequence drop(wte(idx) + wpe(pos)) for idx (B, T) at positions start, start + 1, ...:
+        what ``body`` receives (for a continuous-depth model, x(0))."""
+        pos = torch.arange(start, start + idx.shape[1], device=idx.device)
+        return self.drop(self.wte(idx) + self.wpe(pos))
 
     def set_ode(self, ode: ODEConfig | None = None, **changes) -> None:
         """Solve every ODE block with another configuration from now on.
@@ -88,10 +92,10 @@ class CausalLM(nn.Module):
     def ode_stats(self) -> dict[str, int]:
         """Solver counters of the last forward (and backward) pass, summed over the ODE blocks.
 
-        Keys as in ``SolveStats`` (nfe, n_accepted, n_rejected, nfe_backward); ``{}`` for a
+        Keys as in ``SolverCounters`` (nfe, n_accepted, n_rejected, nfe_backward); ``{}`` for a
         model without ODE blocks. Training logs them per step as ``ode/<key>``.
         """
-        found = [m.stats for m in self.modules() if isinstance(getattr(m, "stats", None), SolveStats)]
+        found = [m.counters for m in self.modules() if isinstance(m, ODEBlock)]
         if not found:
             return {}
         return {key: sum(s.as_dict()[key] for s in found) for key in found[0].as_dict()}
@@ -139,8 +143,7 @@ class CausalLM(nn.Module):
 
 # --------------------------------------------------------------------------- ODE blocks
 
-# gradient methods whose backward evaluates the field again, outside the forward's graph
-REEVALUATING_SENSITIVITIES = ("backsolve", "interpolating", "quadrature", "reversible")
+DEPTH_INTERVAL = (0.0, 1.0)  # every ODE block integrates over depth t in [0, 1]
 
 
 class ODEBlock(nn.Module):
@@ -148,7 +151,9 @@ class ODEBlock(nn.Module):
 
     Fixed-step methods take ``ode.n_steps`` steps; adaptive ones choose their own. ``self.ode``
     may be replaced after training (``CausalLM.set_ode``) to evaluate at other steps or
-    methods; ``self.stats`` holds the counters of the last solve (reset at every forward).
+    methods; ``self.counters`` holds the counters of the last solve (reset at every forward).
+    ``times``, ``solver`` and ``step_times`` are the interval, solver and grid of that solve, for
+    anything that must reproduce it (``node.evaluate_at``, the analyses).
 
     Two ablation switches of the continuous-depth models live here, since they are about how
     the field is integrated and not about what it computes:
@@ -168,11 +173,27 @@ class ODEBlock(nn.Module):
         self.dropout = dropout
         self.integration = integration
         self.modulation = modulation
-        self.stats = SolveStats()
+        self.counters = SolverCounters()
+
+    @staticmethod
+    def times(dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+        """t = [0, 1]: the output times of the solve, in the state's dtype (as ``odeint`` casts them)."""
+        return torch.tensor(DEPTH_INTERVAL, dtype=dtype, device=device)
+
+    def solver(self) -> Solver:
+        """The solver ``self.ode`` describes (``n_steps`` steps over [0, 1] for a fixed-step method)."""
+        ode = self.ode
+        steps = ode.n_steps if ode.method in FIXED_STEP_METHODS else 1
+        return Solver(ode.method, steps, ode.rtol, ode.atol, ode.max_num_steps)
+
+    def step_times(self, dtype: torch.dtype | None = None, device=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(t_m, dt_m)`` of every step of the solve (fixed-step methods; ``Solver.step_times``)."""
+        return self.solver().step_times(self.times(dtype, device))
 
     def forward(self, x: torch.Tensor, *args) -> torch.Tensor:
         ode = self.ode
-        if ode.sensitivity in REEVALUATING_SENSITIVITIES and self.training and self.dropout > 0:
+        grad = gradient_method(ode.sensitivity)
+        if grad.reevaluates_field and self.training and self.dropout > 0:
             # backward evaluates the field again: new dropout masks would make the
             # reconstructed trajectory (and so the gradients) wrong
             raise ValueError(f"sensitivity={ode.sensitivity!r} needs a deterministic field: set dropout=0 "
@@ -180,53 +201,38 @@ class ODEBlock(nn.Module):
         if self.integration == "residual" and ode.method != "euler":
             raise ValueError(f"integration='residual' is a discrete stack x + f(t_k, x): it needs "
                              f"method='euler', got {ode.method!r}")
-        self.stats.reset()
-        times = self.field_times(x)
+        self.counters.reset()
+        solver = self.solver()
+        grad.check(solver)
+        times = self.field_times(x) if grad.name == "direct" or not torch.is_grad_enabled() else None
         with time_grid(times) if times is not None else contextlib.nullcontext():
-            states = self._solve(x, *args)
+            states = grad.solve(
+                solver,
+                lambda t, h: self.vector_field(t, h, *args),
+                x,
+                self.times(x.dtype, x.device),
+                params=(*self.field.parameters(), *(a for a in args if torch.is_tensor(a) and a.requires_grad)),
+                counters=self.counters,
+            )
         return states[-1]
 
     def field_times(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Every t at which this solve will evaluate the field, when they are known before it
-        starts and weights may be generated for all of them at once (``nn.TimeGrid``): an
-        explicit Runge-Kutta method, not decoding (its cache keeps weights per call site), and
-        backprop through the solve (``direct``) or no gradient at all (the other gradient
-        methods evaluate the field again in backward, outside this solve). Else None.
+        """Every t at which a solve of ``x`` evaluates the field, when they are known before it
+        starts, so that weights may be generated for all of them at once (``nn.TimeGrid``): an
+        explicit Runge-Kutta method and not decoding (its cache keeps weights per call site);
+        else None. ``forward`` opens the grid only for backprop through the solve (``direct``)
+        or no gradient at all: the other gradient methods evaluate the field again in
+        backward, outside this solve.
 
-        The times are formed with the solver's own arithmetic (``Solver._runge_kutta``,
-        ``rk_step``: step start t_0 + j dt, stage start + c_i dt, in x's dtype), so a field
-        sees bit for bit the t it would see without the grid."""
+        The times are the solver's own numbers (``step_times``, then stage start t_m + c_i dt_m
+        as ``rk_stages`` forms it, in x's dtype), so a field sees bit for bit the t it would see
+        without the grid."""
         ode = self.ode
         if ode.method not in TABLEAUS or active_cache() is not None:
             return None
-        if torch.is_grad_enabled() and ode.sensitivity != "direct":
-            return None
-        t = self.interval(x)
-        dt = (t[1] - t[0]) / ode.n_steps
-        starts = [t[0] + j * dt for j in range(ode.n_steps)]
-        times = torch.stack([s + c * dt for s in starts for c in TABLEAUS[ode.method].c])
-        return torch.unique(times)
-
-    def interval(self, x: torch.Tensor) -> torch.Tensor:
-        """Depth runs over [0, 1], in x's dtype and on its device (as ``odeint`` casts it)."""
-        dtype = x.dtype if x.is_floating_point() else torch.float32
-        return torch.tensor([0.0, 1.0], device=x.device, dtype=dtype)
-
-    def _solve(self, x: torch.Tensor, *args) -> torch.Tensor:
-        ode = self.ode
-        return odeint(
-            lambda t, h: self.vector_field(t, h, *args),
-            x,
-            self.interval(x),
-            method=ode.method,
-            sensitivity=ode.sensitivity,
-            rtol=ode.rtol,
-            atol=ode.atol,
-            max_num_steps=ode.max_num_steps,
-            params=(*self.field.parameters(), *(a for a in args if torch.is_tensor(a) and a.requires_grad)),
-            steps_per_interval=ode.n_steps if ode.method in FIXED_STEP_METHODS else 1,
-            stats=self.stats,
-        )
+        c = TABLEAUS[ode.method].c
+        steps = self.step_times(x.dtype, x.device)
+        return torch.unique(torch.stack([t_m + c_i * dt_m for t_m, dt_m in steps for c_i in c]))
 
     def vector_field(self, t: torch.Tensor, x: torch.Tensor, *args) -> torch.Tensor:
         """What the solver integrates: ``field`` with the two switches applied."""
@@ -259,3 +265,13 @@ class ContinuousDepthLM(CausalLM):
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
         return self.ode_block(x)
+
+
+def continuous_block(model: nn.Module, purpose: str) -> ODEBlock:
+    """The ``ODEBlock`` of a continuous-depth model (``CONTINUOUS_ARCHS``: the whole body is one
+    ODE block, x(0) the embedded sequence); a ``ValueError`` saying what needs one otherwise."""
+    if not isinstance(model, ContinuousDepthLM):
+        arch = getattr(getattr(model, "cfg", None), "arch", None)
+        raise ValueError(f"{purpose} needs a continuous-depth model (arch {', '.join(map(repr, CONTINUOUS_ARCHS))}), "
+                         f"got {type(model).__name__} (arch={arch!r})")
+    return model.ode_block

@@ -25,6 +25,7 @@ import torch.nn as nn
 from ..config import ModelConfig, ODEConfig
 from ..nn import (HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, active_grid, cached_per_call, mlp_hidden,
                   time_code, time_codes)
+from ..ode import Solver
 from .common import ContinuousDepthLM
 from .gpt import GPT
 
@@ -77,10 +78,9 @@ class NeuralODETransformer(ContinuousDepthLM):
         gpt = GPT(cfg).to(self.wte.weight.device, self.wte.weight.dtype)
         for name in ("wte", "wpe", "ln_f"):
             getattr(gpt, name).load_state_dict(getattr(self, name).state_dict())
-        t = torch.tensor([0.0, 1.0], device=self.wte.weight.device)
-        dt = (t[1] - t[0]) / n  # as Solver._runge_kutta forms its steps
-        for i, block in enumerate(gpt.blocks):
-            t_i = t[0] + i * dt
+        weight = self.wte.weight
+        t = self.ode_block.times(weight.dtype, weight.device)  # the interval the ODE block solves over
+        for block, (t_i, dt) in zip(gpt.blocks, Solver("euler", n).step_times(t)):  # the solver's own grid
             if self.cfg.modulation == "constant":
                 t_i = torch.zeros_like(t_i)
             scale = 1.0 if self.cfg.integration == "residual" else dt

@@ -32,7 +32,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from .stats import SolveStats
+from .counters import SolverCounters
+from .runge_kutta import rk_stages
 from .tableaus import DOPRI5, DOPRI5_DENSE_D, ButcherTableau
 
 Field = Callable[[Tensor, Tensor], Tensor]
@@ -43,25 +44,27 @@ MAX_FACTOR = 10.0  # ... and grow it by at most 10x: the error model C h^p is on
 
 
 class Step(NamedTuple):
-    """One attempted step from (t0, x0) to (t1, x1); ``k`` are its stages, k[0] = f(t0, x0)."""
+    """One attempted step from (t0, x0) to (t1, x1); ``k`` are its stages, k[0] = f(t0, x0), and
+    ``error`` the embedded estimate of its local error."""
 
     t0: float
     t1: float
     x0: Tensor
     x1: Tensor
     k: list[Tensor]
+    error: Tensor
 
 
 def solve_adaptive(field: Field, x0: Tensor, t: Tensor, tableau: ButcherTableau, rtol: float, atol: float,
-                   max_num_steps: int, stats: SolveStats | None = None,
-                   trajectory: list | None = None) -> Tensor:
+                   max_num_steps: int, counters: SolverCounters | None = None,
+                   trajectory: list | None = None, stats: SolverCounters | None = None) -> Tensor:
     """Integrate dx/dt = field(t, x) from x(t[0]) = x0 with adaptive steps; x at every time in ``t``.
 
     Returns a tensor of shape ``(len(t), *x0.shape)``; row 0 is x0 itself. ``t`` must be strictly
     increasing or strictly decreasing (a decreasing ``t`` integrates backwards with negative steps).
     ``max_num_steps`` bounds the attempted steps, accepted and rejected; going past it raises
-    ``RuntimeError``. ``stats`` (if given) gains the field evaluations and accepted / rejected
-    steps. ``trajectory`` (if a list is given) gains ``(t_j, x_j, f(t_j, x_j))`` at the start and
+    ``RuntimeError``. ``counters`` (if given; ``stats`` is its old name) gain the field evaluations
+    and accepted / rejected steps. ``trajectory`` (if a list is given) gains ``(t_j, x_j, f(t_j, x_j))`` at the start and
     after every accepted step, in integration order.
     """
     if tableau.b_low is None:
@@ -70,28 +73,24 @@ def solve_adaptive(field: Field, x0: Tensor, t: Tensor, tableau: ButcherTableau,
         raise ValueError(f"rtol and atol must be non-negative and not both zero, got rtol={rtol}, atol={atol}")
     if max_num_steps < 1:
         raise ValueError(f"max_num_steps must be at least 1, got {max_num_steps}")
+    counters = counters if counters is not None else stats
     times = _output_times(t)  # one host sync for all of them
     direction = 1.0 if times[-1] > times[0] else -1.0
     t_start, t_end = times[0], times[-1]
 
-    def time(value: float) -> Tensor:
-        # torch.full fills on the device (no host-to-device copy) in x0's dtype. The time
-        # arithmetic itself stays in Python floats, so steps land exactly on t_end.
-        return torch.full((), value, dtype=x0.dtype, device=x0.device)
-
     n_evals = 0
 
-    def f(t_value: float, x: Tensor) -> Tensor:
+    def f(s: Tensor, x: Tensor) -> Tensor:
         nonlocal n_evals
         n_evals += 1
-        return field(time(t_value), x)
+        return field(s, x)
 
     n_accepted = n_rejected = 0
     try:
-        f0 = f(t_start, x0)
+        f0 = f(_time(t_start, x0), x0)
         h = direction * _initial_step(f, t_start, t_end, x0, f0, tableau.order, rtol, atol)
         if trajectory is not None:
-            trajectory.append((time(t_start), x0, f0))
+            trajectory.append((_time(t_start, x0), x0, f0))
         outputs = [x0]
         t_now, x, fx = t_start, x0, f0
         last_rejected = False
@@ -105,7 +104,7 @@ def solve_adaptive(field: Field, x0: Tensor, t: Tensor, tableau: ButcherTableau,
             t_next = _step_end(t_now, h, t_end, direction)
             step = _attempt(f, tableau, t_now, t_next, x, fx)
             h_tried = t_next - t_now
-            ratio = _error_ratio(step, tableau, rtol, atol)
+            ratio = _error_ratio(step, rtol, atol)
             accepted = ratio <= 1.0  # False for a NaN ratio too
             h = h_tried * _step_factor(ratio, tableau.order, grow=accepted and not last_rejected)
             last_rejected = not accepted
@@ -115,16 +114,16 @@ def solve_adaptive(field: Field, x0: Tensor, t: Tensor, tableau: ButcherTableau,
             n_accepted += 1
             # FSAL: the last stage was evaluated at (t_next, x1) already. Otherwise evaluate it
             # once; it serves the interpolant, the trajectory and the next step's first stage.
-            f1 = step.k[-1] if tableau.fsal else f(t_next, step.x1)
+            f1 = step.k[-1] if tableau.fsal else f(_time(t_next, x0), step.x1)
             outputs += _dense_outputs(step, f1, tableau, times[len(outputs):], direction)
             t_now, x, fx = t_next, step.x1, f1
             if trajectory is not None:
-                trajectory.append((time(t_now), x, fx))
+                trajectory.append((_time(t_now, x0), x, fx))
     finally:
-        if stats is not None:
-            stats.nfe += n_evals
-            stats.n_accepted += n_accepted
-            stats.n_rejected += n_rejected
+        if counters is not None:
+            counters.nfe += n_evals
+            counters.n_accepted += n_accepted
+            counters.n_rejected += n_rejected
     return torch.stack(outputs)
 
 
@@ -136,6 +135,15 @@ def _output_times(t: Tensor) -> list[float]:
     if not (all(d > 0 for d in steps) or all(d < 0 for d in steps)):
         raise ValueError(f"t must be strictly increasing or strictly decreasing, got {times}")
     return times
+
+
+def _time(value: float, like: Tensor) -> Tensor:
+    """A time as a 0-d tensor in ``like``'s dtype, for the field.
+
+    torch.full fills on the device (no host-to-device copy). The step-size arithmetic itself
+    stays in Python floats, so that steps land exactly on the output times.
+    """
+    return torch.full((), value, dtype=like.dtype, device=like.device)
 
 
 def _rms(x: Tensor) -> float:
@@ -158,7 +166,7 @@ def _initial_step(f, t0: float, t_end: float, x0: Tensor, f0: Tensor, order: int
     d0, d1 = _rms(x0 / scale), _rms(f0 / scale)
     h0 = 1e-6 if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
     h0 = min(h0, span)  # do not probe the field beyond the interval
-    f1 = f(t0 + direction * h0, x0 + (direction * h0) * f0)
+    f1 = f(_time(t0 + direction * h0, x0), x0 + (direction * h0) * f0)
     d2 = _rms((f1 - f0) / scale) / h0
     if max(d1, d2) <= 1e-15:  # f is (numerically) zero and constant: any step is fine
         h1 = max(1e-6, h0 * 1e-3)
@@ -182,46 +190,23 @@ def _step_end(t_now: float, h: float, t_end: float, direction: float) -> float:
 
 
 def _attempt(f, tableau: ButcherTableau, t0: float, t1: float, x0: Tensor, f0: Tensor) -> Step:
-    """The stages and propagated solution of one step from (t0, x0) to t1; k[0] = f0 is reused.
-
-        k_i = f(t0 + c_i h, x0 + h sum_{j<i} a_ij k_j),    x1 = x0 + h sum_i b_i k_i
-    """
-    h = t1 - t0
-    k = [f0]
-    x1 = None
-    for i in range(1, tableau.n_stages):
-        last = i == tableau.n_stages - 1
-        if last and tableau.fsal:
-            # The last stage's argument is x1 itself: compute it once, so that this stage is
-            # exactly f(t1, x1) (no rounding difference), which the trajectory promises.
-            x1 = x_i = _combine(x0, h, tableau.b, k)
-        else:
-            x_i = _combine(x0, h, tableau.a[i], k)
-        # c_i = 1 means t1: use t1 itself rather than t0 + 1.0 * h, which may be an ulp off.
-        k.append(f(t1 if tableau.c[i] == 1.0 else t0 + tableau.c[i] * h, x_i))
-    if x1 is None:
-        x1 = _combine(x0, h, tableau.b, k)
-    return Step(t0, t1, x0, x1, k)
+    """One step from (t0, x0) to t1 (``runge_kutta.rk_stages``); k[0] = f0 is reused, and
+    stages with c_i = 1 are evaluated at t1 itself."""
+    s = rk_stages(f, tableau, _time(t0, x0), _time(t1 - t0, x0), x0, k1=f0, t1=_time(t1, x0), error=True)
+    return Step(t0, t1, x0, s.x1, s.k, s.error)
 
 
 def _weighted_sum(weights, k: list[Tensor]) -> Tensor:
-    """sum_i w_i k_i, skipping zero weights (e.g. dopri5's b_2)."""
+    """sum_i w_i k_i, skipping zero weights (e.g. dopri5's d_2)."""
     terms = [w * k_i for w, k_i in zip(weights, k) if w != 0.0]
     return sum(terms[1:], terms[0])
 
 
-def _combine(x: Tensor, h: float, weights, k: list[Tensor]) -> Tensor:
-    """x + h * sum_i w_i k_i."""
-    return x + h * _weighted_sum(weights, k)
-
-
 @torch.no_grad()
-def _error_ratio(step: Step, tableau: ButcherTableau, rtol: float, atol: float) -> float:
+def _error_ratio(step: Step, rtol: float, atol: float) -> float:
     """RMS of err / (atol + rtol max(|x0|, |x1|)), err = h sum_i (b_i - b_low_i) k_i."""
-    h = step.t1 - step.t0
-    err = h * _weighted_sum([b - b_low for b, b_low in zip(tableau.b, tableau.b_low)], step.k)
     scale = atol + rtol * torch.maximum(step.x0.abs(), step.x1.abs())
-    return _rms(err / scale)
+    return _rms(step.error / scale)
 
 
 def _step_factor(ratio: float, order: int, grow: bool) -> float:

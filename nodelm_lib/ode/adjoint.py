@@ -31,11 +31,14 @@ deterministic (no dropout in training).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from .counters import SolverCounters
+from .gradients import GradientMethod, differentiable
 from .grid import refine
-from .stats import SolveStats
 
 # 3-point Gauss-Legendre rule on [0, 1]: exact for polynomials of degree 5
 GAUSS_LEGENDRE_3 = ((0.5 - math.sqrt(15) / 10, 5 / 18), (0.5, 8 / 18), (0.5 + math.sqrt(15) / 10, 5 / 18))
@@ -95,17 +98,16 @@ def _unflat(vector: torch.Tensor, likes) -> list[torch.Tensor]:
     return out
 
 
-class _Method:
-    """What the forward pass keeps and how backward uses it; one subclass per sensitivity."""
+class Adjoint:
+    """One adjoint solve: the field, solver, parameters and counters its two passes share."""
 
-    def __init__(self, field, solver, params, stats: SolveStats | None):
-        self.field, self.solver, self.params = field, solver, params
-        self.stats = stats
+    def __init__(self, field, solver, params, counters: SolverCounters | None):
+        self.field, self.solver, self.params, self.counters = field, solver, params, counters
 
     def vjp(self, s, x, a, wrt_params: bool = True):
         """f(s, x) and a^T ∂f/∂x, a^T ∂f/∂θ (zeros where f does not depend on them)."""
-        if self.stats is not None:
-            self.stats.nfe_backward += 1
+        if self.counters is not None:
+            self.counters.nfe_backward += 1
         inputs = [x.detach().requires_grad_()] + (list(self.params) if wrt_params else [])
         with torch.enable_grad():
             f = self.field(s, inputs[0])
@@ -115,87 +117,120 @@ class _Method:
 
     def reintegrate(self, solver, x0, t) -> Hermite:
         """Forward re-integration over ``t`` from x0, as an interpolant of x(t)."""
-        points: list = []
-        counted = SolveStats()
+        counted = SolverCounters()
         with torch.no_grad():
-            solver.integrate(self.field, x0, t, counted, trajectory=points)
-        if self.stats is not None:
-            self.stats.nfe_backward += counted.nfe
+            points = solver.trajectory(self.field, x0, t, counted)[1]
+        if self.counters is not None:
+            self.counters.nfe_backward += counted.nfe
         return Hermite(points)
 
 
-class _Backsolve(_Method):
-    def forward(self, x0, t):
-        self.ys = self.solver.integrate(self.field, x0, t, self.stats)
-        return self.ys
+@dataclass(frozen=True)
+class ContinuousAdjoint(GradientMethod):
+    """Base of the continuous adjoints: ``forward`` solves and returns what backward keeps,
+    ``backward`` turns the loss's gradients at ``t`` into those of x0 and the parameters."""
 
-    def backward(self, t, grad_ys):
-        ys, shape, n = self.ys, grad_ys.shape[1:], grad_ys[0].numel()
+    reevaluates_field: ClassVar[bool] = True
+
+    def solve(self, solver, field, x0, t, params=None, counters=None):
+        params = differentiable(field, params)
+        return _AdjointSolve.apply(self, Adjoint(field, solver, params, counters), t, x0, *params)
+
+    def forward(self, adj: Adjoint, x0: torch.Tensor, t: torch.Tensor):
+        """(x at every time in ``t``, what backward needs), without a graph."""
+        raise NotImplementedError
+
+    def backward(self, adj: Adjoint, kept, t: torch.Tensor, grad_ys: torch.Tensor):
+        """(dL/dx0, [dL/dθ for θ in adj.params]) from the loss's gradients ``grad_ys`` at ``t``."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Backsolve(ContinuousAdjoint):
+    """Re-integrate x backwards alongside the adjoint (module docstring); memory flat in the steps."""
+
+    name: ClassVar[str] = "backsolve"
+
+    def forward(self, adj, x0, t):
+        ys = adj.solver.integrate(adj.field, x0, t, adj.counters)
+        return ys, ys
+
+    def backward(self, adj, ys, t, grad_ys):
+        shape, n = grad_ys.shape[1:], grad_ys[0].numel()
 
         def augmented(s, z):  # z = [x, a, g]
-            f, a_fx, a_fp = self.vjp(s, z[:n].view(shape), z[n: 2 * n].view(shape))
+            f, a_fx, a_fp = adj.vjp(s, z[:n].view(shape), z[n: 2 * n].view(shape))
             return torch.cat([f.reshape(-1), -a_fx.reshape(-1), -_flat(a_fp, z)])
 
-        a, g = grad_ys[-1], _flat([torch.zeros_like(p) for p in self.params], grad_ys)
+        a, g = grad_ys[-1], _flat([torch.zeros_like(p) for p in adj.params], grad_ys)
         for i in reversed(range(t.numel() - 1)):
             z = torch.cat([ys[i + 1].reshape(-1), a.reshape(-1), g])  # x restarts from the forward's value
-            z = self.solver.integrate(augmented, z, torch.stack([t[i + 1], t[i]]))[-1]
+            z = adj.solver.integrate(augmented, z, torch.stack([t[i + 1], t[i]]))[-1]
             a, g = z[n: 2 * n].view(shape) + grad_ys[i], z[2 * n:]
-        return a, _unflat(g, self.params)
+        return a, _unflat(g, adj.params)
 
 
-class _Interpolating(_Method):
-    def forward(self, x0, t):
-        k = self.solver.steps_per_interval if self.solver.fixed_step else 1
-        self.segment_solver = self.solver.with_steps(segment_steps(k))
-        self.per_interval = k // self.segment_solver.steps_per_interval
-        self.grid = refine(t, self.per_interval)
-        self.checkpoints = self.segment_solver.integrate(self.field, x0, self.grid, self.stats)
-        return self.checkpoints[:: self.per_interval]
+@dataclass(frozen=True)
+class Interpolating(ContinuousAdjoint):
+    """Read x(t) from forward re-integrations of checkpointed segments (module docstring)."""
 
-    def backward(self, t, grad_ys):
+    name: ClassVar[str] = "interpolating"
+
+    def forward(self, adj, x0, t):
+        k = adj.solver.steps_per_interval if adj.solver.fixed_step else 1
+        segment_solver = adj.solver.with_steps(segment_steps(k))
+        per_interval = k // segment_solver.steps_per_interval
+        grid = refine(t, per_interval)
+        checkpoints = segment_solver.integrate(adj.field, x0, grid, adj.counters)
+        return checkpoints[::per_interval], (segment_solver, per_interval, grid, checkpoints)
+
+    def backward(self, adj, kept, t, grad_ys):
+        segment_solver, r, grid, checkpoints = kept
         shape, n, x_at = grad_ys.shape[1:], grad_ys[0].numel(), None
 
         def augmented(s, z):  # z = [a, g]
-            _, a_fx, a_fp = self.vjp(s, x_at(s), z[:n].view(shape))
+            _, a_fx, a_fp = adj.vjp(s, x_at(s), z[:n].view(shape))
             return torch.cat([-a_fx.reshape(-1), -_flat(a_fp, z)])
 
-        a, g = grad_ys[-1], _flat([torch.zeros_like(p) for p in self.params], grad_ys)
-        grid, r = self.grid, self.per_interval
+        a, g = grad_ys[-1], _flat([torch.zeros_like(p) for p in adj.params], grad_ys)
         for q in reversed(range(grid.numel() - 1)):
-            x_at = self.reintegrate(self.segment_solver, self.checkpoints[q], grid[q: q + 2])
-            z = self.segment_solver.integrate(augmented, torch.cat([a.reshape(-1), g]), torch.stack([grid[q + 1], grid[q]]))[-1]
+            x_at = adj.reintegrate(segment_solver, checkpoints[q], grid[q: q + 2])
+            z = segment_solver.integrate(augmented, torch.cat([a.reshape(-1), g]), torch.stack([grid[q + 1], grid[q]]))[-1]
             a, g = z[:n].view(shape), z[n:]
             if q % r == 0:
                 a = a + grad_ys[q // r]
-        return a, _unflat(g, self.params)
+        return a, _unflat(g, adj.params)
 
 
-class _Quadrature(_Method):
-    def forward(self, x0, t):
-        points: list = []
-        ys = self.solver.integrate(self.field, x0, t, self.stats, trajectory=points)
-        self.x_at = Hermite(points)
-        return ys
+@dataclass(frozen=True)
+class Quadrature(ContinuousAdjoint):
+    """Integrate the adjoint alone; parameter gradients by quadrature over the stored forward solution."""
 
-    def backward(self, t, grad_ys):
-        x_at, step_times = self.x_at, self.x_at.t.tolist()  # backward may synchronise: it is not the hot path
+    name: ClassVar[str] = "quadrature"
+
+    def forward(self, adj, x0, t):
+        ys, points = adj.solver.trajectory(adj.field, x0, t, adj.counters)
+        return ys, Hermite(points)
+
+    def backward(self, adj, x_at, t, grad_ys):
+        step_times = x_at.t.tolist()  # backward may synchronise: it is not the hot path
 
         def adjoint_field(s, a):
-            return -self.vjp(s, x_at(s), a, wrt_params=False)[1]
+            return -adj.vjp(s, x_at(s), a, wrt_params=False)[1]
 
         a = grad_ys[-1]
-        grads = [torch.zeros_like(p) for p in self.params]
+        grads = [torch.zeros_like(p) for p in adj.params]
         for i in reversed(range(t.numel() - 1)):
-            points: list = []
-            a_end = self.solver.integrate(adjoint_field, a, torch.stack([t[i + 1], t[i]]), trajectory=points)[-1]
-            self._quadrature(Hermite(points), t[i].item(), t[i + 1].item(), step_times, grads)
-            a = a_end + grad_ys[i]
+            a_end, points = adj.solver.trajectory(adjoint_field, a, torch.stack([t[i + 1], t[i]]))
+            self._quadrature(adj, x_at, Hermite(points), t[i].item(), t[i + 1].item(), step_times, grads)
+            a = a_end[-1] + grad_ys[i]
         return a, grads
 
-    def _quadrature(self, a_at: Hermite, lo: float, hi: float, step_times: list[float], grads: list) -> None:
+    @staticmethod
+    def _quadrature(adj: Adjoint, x_at: Hermite, a_at: Hermite, lo: float, hi: float, step_times: list[float],
+                    grads: list) -> None:
         """grads += ∫_lo^hi a^T ∂f/∂θ dt, by Gauss-Legendre on each forward step inside [lo, hi]."""
-        if not self.params:
+        if not adj.params:
             return
         lo, hi = min(lo, hi), max(lo, hi)
         breaks = [lo] + [s for s in step_times if lo < s < hi] + [hi]
@@ -205,27 +240,24 @@ class _Quadrature(_Method):
                 total = 0.0
                 for node, weight in GAUSS_LEGENDRE_3:
                     s = torch.tensor(u0 + node * (u1 - u0), dtype=like.dtype, device=like.device)
-                    f = self.field(s, self.x_at(s))
+                    f = adj.field(s, x_at(s))
                     total = total + weight * (u1 - u0) * (a_at(s) * f).sum()
-                if self.stats is not None:
-                    self.stats.nfe_backward += len(GAUSS_LEGENDRE_3)
+                if adj.counters is not None:
+                    adj.counters.nfe_backward += len(GAUSS_LEGENDRE_3)
                 if not total.requires_grad:
                     continue
-                parts = torch.autograd.grad(total, self.params, allow_unused=True)
+                parts = torch.autograd.grad(total, adj.params, allow_unused=True)
             for acc, part in zip(grads, parts):
                 if part is not None:
                     acc.add_(part)
 
 
-_METHODS = {"backsolve": _Backsolve, "interpolating": _Interpolating, "quadrature": _Quadrature}
-
-
 class _AdjointSolve(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, method: _Method, t, x0, *params):
+    def forward(ctx, method: ContinuousAdjoint, adj: Adjoint, t, x0, *params):
         with torch.no_grad():
-            ys = method.forward(x0, t)
-        ctx.method = method
+            ys, ctx.kept = method.forward(adj, x0, t)
+        ctx.method, ctx.adj = method, adj
         ctx.save_for_backward(t)
         return ys
 
@@ -233,13 +265,5 @@ class _AdjointSolve(torch.autograd.Function):
     def backward(ctx, grad_ys):
         (t,) = ctx.saved_tensors
         with torch.no_grad():
-            grad_x0, grad_params = ctx.method.backward(t, grad_ys.contiguous())
-        return (None, None, grad_x0, *grad_params)
-
-
-def odeint_adjoint(field, x0: torch.Tensor, t: torch.Tensor, solver, sensitivity: str, params,
-                   stats: SolveStats | None = None) -> torch.Tensor:
-    """Solve with ``solver``; gradients w.r.t. x0 and ``params`` by the continuous adjoint ``sensitivity``."""
-    params = tuple(p for p in params if p.requires_grad)
-    method = _METHODS[sensitivity](field, solver, params, stats)
-    return _AdjointSolve.apply(method, t, x0, *params)
+            grad_x0, grad_params = ctx.method.backward(ctx.adj, ctx.kept, t, grad_ys.contiguous())
+        return (None, None, None, grad_x0, *grad_params)

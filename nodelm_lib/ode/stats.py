@@ -1,27 +1,5 @@
-"""What a solve cost: function evaluations and accepted / rejected steps."""
+"""Old home of the solver counters: ``SolveStats`` is ``counters.SolverCounters``."""
 
-from __future__ import annotations
+from .counters import SolveStats, SolverCounters
 
-from dataclasses import asdict, dataclass
-
-
-@dataclass
-class SolveStats:
-    """Counters filled in by ``odeint(..., stats=SolveStats())``.
-
-    ``nfe`` counts forward evaluations of the field; ``nfe_backward`` those made by a
-    gradient method during backward (recomputation, adjoint solves, quadrature).
-    Fixed-step solves count without touching the field (no Python side effects, so the
-    solver still compiles to one graph).
-    """
-
-    nfe: int = 0
-    n_accepted: int = 0
-    n_rejected: int = 0
-    nfe_backward: int = 0
-
-    def reset(self) -> None:
-        self.nfe = self.n_accepted = self.n_rejected = self.nfe_backward = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+__all__ = ["SolveStats", "SolverCounters"]

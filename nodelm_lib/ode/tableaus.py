@@ -4,7 +4,7 @@ A method with s stages advances x by one step of size h from time t:
 
     k_i = f(t + c_i h, x + h * sum_{j<i} a_ij k_j),    x_next = x + h * sum_i b_i k_i
 
-Only the tableau differs between methods; ``solve.rk_step`` is the one step function.
+Only the tableau differs between methods; ``runge_kutta.rk_stages`` is the one step function.
 
 An embedded pair adds a second set of weights ``b_low`` of lower order over the same stages,
 giving a second solution for free. Their difference
