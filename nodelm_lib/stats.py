@@ -14,9 +14,10 @@ unit of analysis is the per-seed difference ``d_s = metric(arm, s) - metric(ref,
 Display strings and ``.csv`` / ``.md`` / ``.tex`` files of these tables are
 :mod:`nodelm_lib.tables`; its names stay importable from here (``stats.export_table``).
 
-Only distribution functions come from scipy (``scipy.stats.t``, ``scipy.stats.norm``);
-the statistics themselves are computed here, so the tests against scipy's own tests
-are a real check.
+Means, intervals, the paired t-test and Holm's correction are computed here from their
+formulas (the tests compare them with scipy's). The Wilcoxon test is scipy's
+(``scipy.stats.wilcoxon``) wherever scipy's p is right; for tied ``|d|`` its exact p is not,
+and the count over all sign assignments is done here (see :func:`wilcoxon_signed_rank`).
 
 (The solver's counters of field evaluations and steps are ``nodelm_lib.ode.SolveStats``;
 nothing here is about solvers.)
@@ -106,17 +107,6 @@ def mean_ci(values, confidence: float = 0.95) -> dict:
 # --------------------------------------------------------------------------- paired tests
 
 
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks 1..n of ``x``; tied values share the average of the ranks they span."""
-    order = np.argsort(x, kind="stable")
-    _, inverse, counts = np.unique(x[order], return_inverse=True, return_counts=True)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    group_rank = starts + (counts + 1) / 2.0  # average of ranks start+1 .. start+count
-    ranks = np.empty(x.size, dtype=float)
-    ranks[order] = group_rank[inverse]
-    return ranks
-
-
 def _signed_rank_null_counts(doubled_ranks: np.ndarray) -> np.ndarray:
     """``counts[w]`` = number of the 2**n sign assignments whose ``2 W+`` equals ``w``.
 
@@ -133,6 +123,10 @@ def _signed_rank_null_counts(doubled_ranks: np.ndarray) -> np.ndarray:
     return counts
 
 
+def _has_ties(x: np.ndarray) -> bool:
+    return np.unique(x).size < x.size
+
+
 def wilcoxon_signed_rank(differences) -> dict:
     """Two-sided Wilcoxon signed-rank test of ``differences`` (H0: symmetric about 0).
 
@@ -141,11 +135,17 @@ def wilcoxon_signed_rank(differences) -> dict:
     ``W+ = sum of the ranks of the positive differences``.
 
     * ``m <= WILCOXON_EXACT_MAX_N``: exact null distribution over all ``2**m`` sign
-      assignments of those (possibly tied) ranks,
-      ``p = min(1, 2 * min(P(W >= W+), P(W <= W+)))``.
+      assignments of those ranks, ``p = min(1, 2 * min(P(W >= W+), P(W <= W+)))``.
+      Without ties this is ``scipy.stats.wilcoxon(d, method="exact")``. With tied ``|d|``
+      scipy's exact p is *not* exact: it evaluates the average-rank statistic against the
+      null distribution of untied ranks 1..m, which misses the true p either way (for
+      ``d = [0.5, 0.5, -0.5, 1, 1, 2]`` it gives 0.094 where all 64 sign assignments give
+      0.125; for ``[1, 1, 2, -2, 3, 3, 3, -0.5, 4]`` 0.055 against 0.043). There the count is
+      done here (:func:`_signed_rank_null_counts`), on the tied ranks themselves.
     * larger ``m``: normal approximation without continuity correction,
       ``z = (W+ - sum(r)/2) / sqrt(sum(r^2)/4)`` (the usual tie-corrected variance
-      ``m(m+1)(2m+1)/24 - sum(t^3 - t)/48``), ``p = 2 * (1 - Phi(|z|))``.
+      ``m(m+1)(2m+1)/24 - sum(t^3 - t)/48``), ``p = 2 * (1 - Phi(|z|))``:
+      ``scipy.stats.wilcoxon(d, method="asymptotic")``, which agrees with ties too.
 
     No non-zero differences at all gives ``p = 1``. Returns ``n_nonzero``, ``w_plus``,
     ``p`` and ``method`` (``"exact"``, ``"normal"`` or ``"all zero"``).
@@ -160,23 +160,24 @@ def wilcoxon_signed_rank(differences) -> dict:
     m = int(d.size)
     if m == 0:
         return {"n_nonzero": 0, "w_plus": 0.0, "p": 1.0, "method": "all zero"}
-    ranks = _average_ranks(np.abs(d))
+    ranks = _dist.rankdata(np.abs(d))  # tied values share the average of their ranks
     w_plus = float(ranks[d > 0].sum())
-    if m <= WILCOXON_EXACT_MAX_N:
-        doubled = np.rint(2 * ranks).astype(np.int64)
-        counts = _signed_rank_null_counts(doubled)
-        w2 = int(np.rint(2 * w_plus))
-        lower = counts[: w2 + 1].sum()  # #{W <= W+}
-        upper = counts[w2:].sum()  # #{W >= W+}
-        p = min(1.0, 2.0 * min(lower, upper) / 2.0**m)
-        method = "exact"
+    if m > WILCOXON_EXACT_MAX_N:
+        p, method = _dist.wilcoxon(d, method="asymptotic").pvalue, "normal"
+    elif _has_ties(np.abs(d)):
+        p, method = _exact_p_with_ties(ranks, w_plus), "exact"
     else:
-        mean = ranks.sum() / 2.0
-        sd = math.sqrt((ranks**2).sum() / 4.0)
-        z = (w_plus - mean) / sd
-        p = float(min(1.0, 2.0 * _dist.norm.sf(abs(z))))
-        method = "normal"
+        p, method = _dist.wilcoxon(d, method="exact").pvalue, "exact"
     return {"n_nonzero": m, "w_plus": w_plus, "p": float(p), "method": method}
+
+
+def _exact_p_with_ties(ranks: np.ndarray, w_plus: float) -> float:
+    """Two-sided exact p of ``W+`` under H0 for (possibly tied) average ``ranks``."""
+    counts = _signed_rank_null_counts(np.rint(2 * ranks).astype(np.int64))
+    w2 = int(np.rint(2 * w_plus))
+    lower = counts[: w2 + 1].sum()  # #{W <= W+}
+    upper = counts[w2:].sum()  # #{W >= W+}
+    return min(1.0, 2.0 * min(lower, upper) / 2.0 ** ranks.size)
 
 
 def paired_test(a, b, confidence: float = 0.95) -> dict:

@@ -138,6 +138,40 @@ def test_wilcoxon_normal_approximation_above_20(n):
     assert r["p"] == pytest.approx(ss.wilcoxon(d, method="asymptotic").pvalue, rel=1e-10)
 
 
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 13, 20])
+def test_wilcoxon_is_scipys_exact_test_without_ties(m, seed):
+    """Distinct |d| (continuous differences, possibly with zeros, which both drop): our p is
+    scipy's exact p and the brute-force count over all 2**m sign assignments."""
+    rng = np.random.default_rng(1000 * m + seed)
+    d = rng.normal(0.2 * seed, 1.0, size=m)
+    r = st.wilcoxon_signed_rank(d)
+    assert r["method"] == "exact"
+    assert r["p"] == pytest.approx(ss.wilcoxon(d, method="exact").pvalue, rel=1e-12)
+    if m <= 13:
+        assert r["p"] == pytest.approx(_brute_force_p(d), rel=1e-12)
+    with_zeros = np.concatenate([[0.0, 0.0], d])
+    assert st.wilcoxon_signed_rank(with_zeros)["p"] == r["p"]
+    assert r["p"] == pytest.approx(ss.wilcoxon(with_zeros, method="exact", zero_method="wilcox").pvalue, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "d",
+    [
+        [0.5, 0.5, -0.5, 1.0, 1.0, 2.0],  # scipy's "exact" 0.094, all 64 assignments 0.125
+        [1, 1, 2, -2, 3, 3, 3, -0.5, 4],  # scipy's "exact" 0.055, the count 0.043
+        [1, -1, 1, -1, 1],  # scipy's "exact" 0.81, the count 1
+    ],
+)
+def test_wilcoxon_keeps_its_own_count_where_scipys_exact_is_not_exact(d):
+    """With tied |d| scipy's method="exact" compares the average-rank statistic with the null
+    distribution of untied ranks 1..m: its p is not the exact p (either side of it). The count
+    over all sign assignments of the tied ranks is kept for these inputs."""
+    r = st.wilcoxon_signed_rank(d)
+    assert r["p"] == pytest.approx(_brute_force_p(d))
+    assert ss.wilcoxon(d, method="exact").pvalue != pytest.approx(r["p"], abs=1e-3)
+
+
 def test_paired_test_identical_samples():
     a = [1.0, 2.0, 3.0, 4.0, 5.0]
     r = st.paired_test(a, a)
