@@ -292,3 +292,97 @@ def plot_reference_lines(ax: plt.Axes, references: dict, **kwargs) -> list:
     for text, bottom, line in zip(texts, bottoms, lines):  # offsets in points: kept if the axes resize
         text.xyann = (0.0, (bottom - line) / px_per_pt)
     return texts
+
+
+# --------------------------------------------------------------------------- ablations (notebook 03)
+
+
+def steps_solver_arm(arm: str) -> tuple[str, int]:
+    """``"rk4 8"`` -> ``("rk4", 8)``: the solver and number of steps of a ``steps_solver``
+    ablation arm (``experiment.ablation_arms`` names them ``"<solver> <n>"``)."""
+    solver, _, steps = arm.partition(" ")
+    if not steps.isdigit():
+        raise ValueError(f"a steps_solver arm is named '<solver> <steps>', e.g. 'euler 4'; got {arm!r}")
+    return solver, int(steps)
+
+
+def plot_steps_solver(axes, runs, solvers) -> None:
+    """Two panels over the number of solver steps (log2 axis), a line per solver: test loss
+    (mean ± SD over seeds) and milliseconds per training step (mean). ``runs`` holds the
+    ``steps_solver`` arms, one row per run (columns arm, test_loss, ms_per_step)."""
+    loss_ax, time_ax = axes
+    parsed = runs["arm"].map(steps_solver_arm)
+    for solver in solvers:
+        rows = runs[parsed.str[0] == solver]
+        means = rows.groupby("arm", sort=False)[["test_loss", "ms_per_step"]].agg(["mean", "std"])
+        n = [steps_solver_arm(a)[1] for a in means.index]
+        loss_ax.errorbar(n, means[("test_loss", "mean")], yerr=means[("test_loss", "std")], marker="o",
+                         capsize=3, label=solver)
+        time_ax.plot(n, means[("ms_per_step", "mean")], marker="o", label=solver)
+    for ax, label in zip(axes, ["test loss (mean ± SD over seeds)", "ms per training step"]):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("solver steps (depth)")
+        ax.set_ylabel(label)
+        ax.legend()
+
+
+def ablation_figure(name: str, runs, arms, solvers=(), title: str | None = None) -> plt.Figure:
+    """The figure of one ablation of notebook 03: for ``steps_solver`` the two panels of
+    ``plot_steps_solver``; for the others test loss per arm (``plot_arm_metric``, arms in the
+    order given, every seed a dot)."""
+    if name == "steps_solver":
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+        plot_steps_solver(axes, runs, solvers)
+    else:
+        fig, ax = plt.subplots(figsize=(4.5, 3.4))
+        plot_arm_metric(ax, runs, "test_loss", list(arms), "test loss (nats/token)")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def depth_curve_means(depth):
+    """Validation loss per (trained arm, evaluation method, steps, NFE), mean over seeds, from
+    ``experiment.depth_curve`` rows with an ``arm`` column; rows in order of first appearance."""
+    keys = ["arm", "method", "n_steps", "nfe"]
+    return depth.groupby(keys, sort=False)["val_loss"].mean().reset_index()
+
+
+def depth_curve_figure(depth, solvers, arms) -> plt.Figure:
+    """The adaptive-depth curve: one panel per evaluation solver, validation loss (mean over
+    seeds) against field evaluations per forward pass (log2 axis), a line per trained arm (in
+    the order of ``arms``). A flat curve past the trained steps means the model learned a flow."""
+    mean = depth_curve_means(depth)
+    fig, axes = plt.subplots(1, len(solvers), figsize=(4.5 * len(solvers), 3.4), sharey=True, squeeze=False)
+    for ax, method in zip(axes[0], solvers):
+        for i, arm in enumerate(arms):
+            rows = mean[(mean["arm"] == arm) & (mean["method"] == method)]
+            ax.plot(rows["nfe"], rows["val_loss"], marker="o", color=arm_color(i), label=f"trained {arm}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"NFE per forward ({method} at evaluation)")
+        ax.set_title(f"evaluated with {method}")
+    axes[0][0].set_ylabel("validation loss (mean over seeds)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- generation (notebook 06)
+
+
+def decode_speed_figure(speed, title: str | None = None) -> plt.Figure:
+    """Decoding speed per arch with and without the KV cache: paired bars of tokens per second
+    on a log axis (``speed``: one row per arch, columns arch, uncached_tokens_per_s and
+    cached_tokens_per_s, as notebook 06 measures them)."""
+    fig, ax = plt.subplots(figsize=(5, 3))
+    x = np.arange(len(speed))
+    ax.bar(x - 0.2, speed["uncached_tokens_per_s"], width=0.4, label="recompute the window")
+    ax.bar(x + 0.2, speed["cached_tokens_per_s"], width=0.4, label="KV cache")
+    ax.set_xticks(x, speed["arch"])
+    ax.set_ylabel("tokens / s")
+    ax.set_yscale("log")
+    if title:
+        ax.set_title(title)
+    ax.legend()
+    return fig

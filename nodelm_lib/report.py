@@ -6,7 +6,7 @@ A README section between
     <!-- /table -->
 
 is replaced by that CSV rendered as a Markdown table (``make tables``, with
-``stats.markdown_table``: the same rendering as the tables the notebooks export). The path is
+``tables.markdown_table``: the same rendering as the tables the notebooks export). The path is
 relative to the README's folder; a marker whose CSV does not exist yet is left alone.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from .files import atomic_write_text
-from .stats import markdown_table
+from .tables import markdown_table
 
 MARKER = re.compile(r"(<!-- table: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 

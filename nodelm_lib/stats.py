@@ -10,26 +10,27 @@ unit of analysis is the per-seed difference ``d_s = metric(arm, s) - metric(ref,
 * :func:`holm` -- Holm--Bonferroni step-down adjusted p-values.
 * :func:`compare_arms` / :func:`summary_table` -- the two tables of a results section,
   built from a long data frame with one row per run.
-* :func:`format_mean_ci`, :func:`format_table`, :func:`export_table` -- display strings
-  and ``.csv`` / ``.md`` / ``.tex`` files.
 
-Only distribution functions come from scipy (``scipy.stats.t``, ``scipy.stats.norm``);
-the statistics themselves are computed here, so the tests against scipy's own tests
-are a real check.
+Display strings and ``.csv`` / ``.md`` / ``.tex`` files of these tables are
+:mod:`nodelm_lib.tables`; its names stay importable from here (``stats.export_table``).
+
+Means, intervals, the paired t-test and Holm's correction are computed here from their
+formulas (the tests compare them with scipy's). The Wilcoxon test is scipy's
+(``scipy.stats.wilcoxon``) wherever scipy's p is right; for tied ``|d|`` its exact p is not,
+and the count over all sign assignments is done here (see :func:`wilcoxon_signed_rank`).
+
+(The solver's counters of field evaluations and steps are ``nodelm_lib.ode.SolveStats``;
+nothing here is about solvers.)
 """
 
 from __future__ import annotations
 
 import math
-import re
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats as _dist
-
-from .files import atomic_write_text
 
 #: Wilcoxon signed-rank p-values are exact (all 2**n sign assignments) up to this many
 #: non-zero differences, and use the tie-corrected normal approximation above it.
@@ -106,17 +107,6 @@ def mean_ci(values, confidence: float = 0.95) -> dict:
 # --------------------------------------------------------------------------- paired tests
 
 
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks 1..n of ``x``; tied values share the average of the ranks they span."""
-    order = np.argsort(x, kind="stable")
-    _, inverse, counts = np.unique(x[order], return_inverse=True, return_counts=True)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    group_rank = starts + (counts + 1) / 2.0  # average of ranks start+1 .. start+count
-    ranks = np.empty(x.size, dtype=float)
-    ranks[order] = group_rank[inverse]
-    return ranks
-
-
 def _signed_rank_null_counts(doubled_ranks: np.ndarray) -> np.ndarray:
     """``counts[w]`` = number of the 2**n sign assignments whose ``2 W+`` equals ``w``.
 
@@ -133,6 +123,10 @@ def _signed_rank_null_counts(doubled_ranks: np.ndarray) -> np.ndarray:
     return counts
 
 
+def _has_ties(x: np.ndarray) -> bool:
+    return np.unique(x).size < x.size
+
+
 def wilcoxon_signed_rank(differences) -> dict:
     """Two-sided Wilcoxon signed-rank test of ``differences`` (H0: symmetric about 0).
 
@@ -141,11 +135,17 @@ def wilcoxon_signed_rank(differences) -> dict:
     ``W+ = sum of the ranks of the positive differences``.
 
     * ``m <= WILCOXON_EXACT_MAX_N``: exact null distribution over all ``2**m`` sign
-      assignments of those (possibly tied) ranks,
-      ``p = min(1, 2 * min(P(W >= W+), P(W <= W+)))``.
+      assignments of those ranks, ``p = min(1, 2 * min(P(W >= W+), P(W <= W+)))``.
+      Without ties this is ``scipy.stats.wilcoxon(d, method="exact")``. With tied ``|d|``
+      scipy's exact p is *not* exact: it evaluates the average-rank statistic against the
+      null distribution of untied ranks 1..m, which misses the true p either way (for
+      ``d = [0.5, 0.5, -0.5, 1, 1, 2]`` it gives 0.094 where all 64 sign assignments give
+      0.125; for ``[1, 1, 2, -2, 3, 3, 3, -0.5, 4]`` 0.055 against 0.043). There the count is
+      done here (:func:`_signed_rank_null_counts`), on the tied ranks themselves.
     * larger ``m``: normal approximation without continuity correction,
       ``z = (W+ - sum(r)/2) / sqrt(sum(r^2)/4)`` (the usual tie-corrected variance
-      ``m(m+1)(2m+1)/24 - sum(t^3 - t)/48``), ``p = 2 * (1 - Phi(|z|))``.
+      ``m(m+1)(2m+1)/24 - sum(t^3 - t)/48``), ``p = 2 * (1 - Phi(|z|))``:
+      ``scipy.stats.wilcoxon(d, method="asymptotic")``, which agrees with ties too.
 
     No non-zero differences at all gives ``p = 1``. Returns ``n_nonzero``, ``w_plus``,
     ``p`` and ``method`` (``"exact"``, ``"normal"`` or ``"all zero"``).
@@ -160,23 +160,24 @@ def wilcoxon_signed_rank(differences) -> dict:
     m = int(d.size)
     if m == 0:
         return {"n_nonzero": 0, "w_plus": 0.0, "p": 1.0, "method": "all zero"}
-    ranks = _average_ranks(np.abs(d))
+    ranks = _dist.rankdata(np.abs(d))  # tied values share the average of their ranks
     w_plus = float(ranks[d > 0].sum())
-    if m <= WILCOXON_EXACT_MAX_N:
-        doubled = np.rint(2 * ranks).astype(np.int64)
-        counts = _signed_rank_null_counts(doubled)
-        w2 = int(np.rint(2 * w_plus))
-        lower = counts[: w2 + 1].sum()  # #{W <= W+}
-        upper = counts[w2:].sum()  # #{W >= W+}
-        p = min(1.0, 2.0 * min(lower, upper) / 2.0**m)
-        method = "exact"
+    if m > WILCOXON_EXACT_MAX_N:
+        p, method = _dist.wilcoxon(d, method="asymptotic").pvalue, "normal"
+    elif _has_ties(np.abs(d)):
+        p, method = _exact_p_with_ties(ranks, w_plus), "exact"
     else:
-        mean = ranks.sum() / 2.0
-        sd = math.sqrt((ranks**2).sum() / 4.0)
-        z = (w_plus - mean) / sd
-        p = float(min(1.0, 2.0 * _dist.norm.sf(abs(z))))
-        method = "normal"
+        p, method = _dist.wilcoxon(d, method="exact").pvalue, "exact"
     return {"n_nonzero": m, "w_plus": w_plus, "p": float(p), "method": method}
+
+
+def _exact_p_with_ties(ranks: np.ndarray, w_plus: float) -> float:
+    """Two-sided exact p of ``W+`` under H0 for (possibly tied) average ``ranks``."""
+    counts = _signed_rank_null_counts(np.rint(2 * ranks).astype(np.int64))
+    w2 = int(np.rint(2 * w_plus))
+    lower = counts[: w2 + 1].sum()  # #{W <= W+}
+    upper = counts[w2:].sum()  # #{W >= W+}
+    return min(1.0, 2.0 * min(lower, upper) / 2.0 ** ranks.size)
 
 
 def paired_test(a, b, confidence: float = 0.95) -> dict:
@@ -266,10 +267,11 @@ def holm(pvalues) -> np.ndarray:
     return out
 
 
-# --------------------------------------------------------------------------- tables
+# --------------------------------------------------------------------------- arms of a data frame
 
 
-def _require_columns(df: pd.DataFrame, columns: Iterable[str]) -> None:
+def require_columns(df: pd.DataFrame, columns: Iterable[str]) -> None:
+    """ValueError naming the ``columns`` missing from ``df`` and the ones it has."""
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ValueError(f"columns {missing} not in the data frame (it has {list(df.columns)})")
@@ -316,7 +318,7 @@ def compare_arms(
     have the same seeds; a mismatch (either way) is a ValueError naming the seeds,
     unless ``allow_missing=True``, when only the seeds present in both are used.
     """
-    _require_columns(df, [arm, seed, metric])
+    require_columns(df, [arm, seed, metric])
     arms = _arms_in_order(df, arm)
     if reference not in arms:
         raise ValueError(f"unknown reference arm {reference!r}; valid arms are {arms}")
@@ -371,7 +373,7 @@ def summary_table(
     """
     if isinstance(metrics, str):
         metrics = [metrics]
-    _require_columns(df, [arm, *metrics])
+    require_columns(df, [arm, *metrics])
     arms = _arms_in_order(df, arm)
     if order is not None:
         unknown = [a for a in order if a not in arms]
@@ -396,180 +398,18 @@ def summary_table(
     return out
 
 
-def format_mean_ci(mean: float, half: float, digits: int = 3) -> str:
-    """``"1.234 ± 0.012"``; a NaN mean is ``"–"``, a NaN half width ``"1.234 ± –"``."""
-    if mean is None or pd.isna(mean):
-        return "–"
-    half_text = "–" if half is None or pd.isna(half) else f"{half:.{digits}f}"
-    return f"{mean:.{digits}f} ± {half_text}"
+# --------------------------------------------------------------------------- moved names
+
+#: Formatting and export live in ``tables.py``; notebooks and scripts written against
+#: ``stats.export_table`` and friends keep working (resolved on first use: ``tables``
+#: imports this module, so importing it here at load time would be circular).
+MOVED_TO_TABLES = ("format_mean_ci", "format_table", "report_table", "append_reference_rows",
+                   "markdown_table", "latex_escape", "latex_table", "export_table")
 
 
-def format_table(summary: pd.DataFrame, metrics: Sequence[str], digits: int = 3) -> pd.DataFrame:
-    """Display copy of a :func:`summary_table`: one ``"mean ± ci"`` column per metric.
+def __getattr__(name: str):
+    if name in MOVED_TO_TABLES:
+        from . import tables
 
-    Non-metric columns that are not ``<metric>_*`` (the arm column, ``n``) are kept.
-    """
-    if isinstance(metrics, str):
-        metrics = [metrics]
-    _require_columns(summary, [c for m in metrics for c in (f"{m}_mean", f"{m}_ci")])
-    derived = {f"{m}_{s}" for m in metrics for s in ("mean", "ci", "sd", "n")}
-    out = summary[[c for c in summary.columns if c not in derived]].copy()
-    for m in metrics:
-        out[m] = [format_mean_ci(mu, h, digits) for mu, h in zip(summary[f"{m}_mean"], summary[f"{m}_ci"])]
-    return out
-
-
-def _mean_ci_text(mean: float, half: float, digits: int) -> str:
-    """``mean ± half`` with thousands separators; a metric that is the same for every seed
-    (parameters, FLOPs: half width 0) is shown as its value alone."""
-    if pd.isna(mean):
-        return "–"
-    if half == 0:
-        return f"{mean:,.{digits}f}"
-    return f"{mean:,.{digits}f} ± " + ("–" if pd.isna(half) else f"{half:,.{digits}f}")
-
-
-def report_table(
-    runs: pd.DataFrame,
-    columns: dict[str, tuple[str, int]],
-    reference,
-    test_metric: str,
-    order: Sequence | None = None,
-    higher_is_better: bool = False,
-    confidence: float = 0.95,
-) -> pd.DataFrame:
-    """The table a paper shows: per arm, ``mean ± CI half width`` of each metric, then the
-    paired comparison of ``test_metric`` with ``reference`` (difference ± CI, Holm-adjusted
-    paired t and Wilcoxon p over the arms of this table, paired effect size d_z).
-
-    ``columns`` maps a metric of ``runs`` to (its label, decimals). Cells are strings; the
-    numbers behind them are :func:`summary_table` and :func:`compare_arms` of the same runs.
-    """
-    summary = summary_table(runs, list(columns), order=order, confidence=confidence)
-    tests = compare_arms(runs, test_metric, reference, higher_is_better=higher_is_better,
-                         confidence=confidence).set_index("arm")
-    out = pd.DataFrame({"arm": summary["arm"], "seeds": summary["n"]})
-    for metric, (label, digits) in columns.items():
-        out[label] = [_mean_ci_text(m, h, digits)
-                      for m, h in zip(summary[f"{metric}_mean"], summary[f"{metric}_ci"])]
-    label, _ = columns.get(test_metric, (test_metric, 3))
-    in_tests = [name in tests.index for name in out["arm"]]
-
-    def column(fn):
-        return [fn(tests.loc[name]) if hit else "–" for name, hit in zip(out["arm"], in_tests)]
-
-    # differences can be far smaller than the metric: significant digits, not the metric's decimals
-    out[f"Δ {label} vs {reference}"] = column(
-        lambda r: f"{r['mean_diff']:+.3g} ± {(r['ci_high'] - r['ci_low']) / 2:.2g}")
-    out["p (paired t, Holm)"] = column(lambda r: f"{r['p_t_holm']:.3g}")
-    out["p (Wilcoxon, Holm)"] = column(lambda r: f"{r['p_wilcoxon_holm']:.3g}")
-    out["d_z"] = column(lambda r: f"{r['d_z']:+.2f}")
-    return out
-
-
-def append_reference_rows(table: pd.DataFrame, references: pd.DataFrame, values: dict[str, str],
-                          name: str = "model", digits: int = 3) -> pd.DataFrame:
-    """``table`` (``report_table``'s) with a row per reference model below the arms: the
-    reference's name in the ``arm`` column, ``values`` mapping a column of ``references``
-    to the table column it fills (``{"test_loss": "test loss"}``), "–" everywhere else.
-    Reference points (n-gram count models, say) put the arms' numbers in context; they are
-    not arms and take part in no test."""
-    rows = []
-    for _, ref in references.iterrows():
-        row = {col: "–" for col in table.columns}
-        row["arm"] = str(ref[name])
-        for source, column in values.items():
-            if column not in table.columns:
-                raise ValueError(f"column {column!r} is not in the table; its columns are {list(table.columns)}")
-            row[column] = f"{float(ref[source]):.{digits}f}"
-        rows.append(row)
-    return pd.concat([table, pd.DataFrame(rows, columns=table.columns)], ignore_index=True)
-
-
-# --------------------------------------------------------------------------- export
-
-
-def _cell(value) -> str:
-    """A table cell: floats to 4 significant digits; numbers from 1e4 up with thousands separated."""
-    if isinstance(value, (float, np.floating)):
-        if math.isnan(value):
-            return "–"
-        if math.isinf(value):
-            return "∞" if value > 0 else "-∞"
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    if isinstance(value, (bool, np.bool_)):
-        return str(bool(value))
-    if isinstance(value, (int, np.integer)):
-        return f"{int(value):,}" if abs(value) >= 10_000 else str(int(value))
-    if value is None or value is pd.NA:
-        return "–"
-    return str(value)
-
-
-def _is_numeric(col: pd.Series) -> bool:
-    return pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col)
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """GitHub Markdown table of ``df`` (numeric columns right-aligned, 4 significant digits)."""
-    def esc(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    header = "| " + " | ".join(esc(str(c)) for c in df.columns) + " |"
-    rule = "|" + "|".join("---:" if _is_numeric(df[c]) else "---" for c in df.columns) + "|"
-    rows = [
-        "| " + " | ".join(esc(_cell(v)) for v in row) + " |"
-        for row in df.astype(object).itertuples(index=False)
-    ]
-    return "\n".join([header, rule, *rows]) + "\n"
-
-
-_LATEX_SPECIAL = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-    "±": r"$\pm$", "–": "--", "∞": r"$\infty$",
-}
-_LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX_SPECIAL))
-
-
-def latex_escape(text: str) -> str:
-    """Escape LaTeX's special characters (``\\ & % $ # _ { } ~ ^``); ``±`` becomes ``$\\pm$``."""
-    return _LATEX_RE.sub(lambda m: _LATEX_SPECIAL[m.group(0)], text)
-
-
-def latex_table(df: pd.DataFrame) -> str:
-    """A booktabs ``tabular`` of ``df`` (needs ``\\usepackage{booktabs}``)."""
-    spec = "".join("r" if _is_numeric(df[c]) else "l" for c in df.columns)
-    lines = [
-        rf"\begin{{tabular}}{{{spec}}}",
-        r"\toprule",
-        " & ".join(latex_escape(str(c)) for c in df.columns) + r" \\",
-        r"\midrule",
-        *(
-            " & ".join(latex_escape(_cell(v)) for v in row) + r" \\"
-            for row in df.astype(object).itertuples(index=False)
-        ),
-        r"\bottomrule",
-        r"\end{tabular}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def export_table(df: pd.DataFrame, path_stem) -> list[Path]:
-    """Write ``df`` to ``<stem>.csv``, ``<stem>.md`` and ``<stem>.tex``; return the paths.
-
-    The CSV keeps full precision; Markdown (GitHub) and LaTeX (booktabs) show floats to
-    4 significant digits. A non-default index is written as leading column(s). Parent
-    folders are created and each file is replaced atomically (temp file + ``os.replace``).
-    """
-    stem = Path(path_stem)
-    if not stem.name:
-        raise ValueError(f"path_stem needs a file name, got {str(path_stem)!r}")
-    if not isinstance(df.index, pd.RangeIndex):
-        df = df.reset_index()
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [Path(f"{stem}.csv"), Path(f"{stem}.md"), Path(f"{stem}.tex")]
-    texts = [df.to_csv(index=False), markdown_table(df), latex_table(df)]
-    for path, text in zip(paths, texts):
-        atomic_write_text(path, text)
-    return paths
+        return getattr(tables, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

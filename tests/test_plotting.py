@@ -238,3 +238,108 @@ def test_arm_metric_and_efficiency_draw_references():
         for j in range(i):
             assert not texts[i].get_window_extent(renderer).overlaps(texts[j].get_window_extent(renderer))
     plt.close(fig)
+
+
+# --------------------------------------------------------------------------- notebooks 03 and 06
+
+
+def ablation_runs():
+    """steps_solver arms over two seeds: test loss 2 + steps / 10 (+0.1 for rk4), seed 1 0.02 above
+    seed 0; ms per step 10 x steps (x4 for rk4)."""
+    import pandas as pd
+
+    rows = [{"arm": f"{solver} {n}", "seed": s, "test_loss": 2 + n / 10 + (0.1 if solver == "rk4" else 0) + 0.02 * s,
+             "ms_per_step": 10.0 * n * (4 if solver == "rk4" else 1)}
+            for solver in ("euler", "rk4") for n in (1, 2, 4) for s in (0, 1)]
+    return pd.DataFrame(rows)
+
+
+def test_steps_solver_figure_draws_loss_and_time_per_solver(tmp_path):
+    import numpy as np
+
+    from nodelm_lib.plotting import ablation_figure, save_figure
+
+    fig = ablation_figure("steps_solver", ablation_runs(), arms=None, solvers=["euler", "rk4"], title="ablation: x")
+    loss_ax, time_ax = fig.axes
+    assert fig._suptitle.get_text() == "ablation: x"
+    assert [t.get_text() for t in loss_ax.get_legend().get_texts()] == ["euler", "rk4"]
+    assert loss_ax.get_ylabel() == "test loss (mean ± SD over seeds)" and time_ax.get_ylabel() == "ms per training step"
+    assert loss_ax.get_xscale() == time_ax.get_xscale() == "log"
+    euler, rk4 = (bars.lines[0] for bars in loss_ax.containers)  # the data lines of the two error bars
+    assert list(euler.get_xdata()) == [1, 2, 4]
+    np.testing.assert_allclose(np.asarray(euler.get_ydata(), float), [2.11, 2.21, 2.41])  # mean of the two seeds
+    np.testing.assert_allclose(np.asarray(rk4.get_ydata(), float), [2.21, 2.31, 2.51])
+    np.testing.assert_allclose(np.asarray(time_ax.lines[1].get_ydata(), float), [40, 80, 160])
+    paths = save_figure(fig, tmp_path / "ablation_steps_solver")
+    assert [p.name for p in paths] == ["ablation_steps_solver.png", "ablation_steps_solver.pdf"]
+    assert all(p.stat().st_size > 0 for p in paths)
+    plt.close(fig)
+
+
+def test_steps_solver_arms_must_name_solver_and_steps():
+    import pytest
+
+    from nodelm_lib.plotting import ablation_figure, steps_solver_arm
+
+    assert steps_solver_arm("rk4 16") == ("rk4", 16)
+    runs = ablation_runs().replace({"arm": {"euler 1": "time"}})
+    with pytest.raises(ValueError, match=r"'<solver> <steps>', e.g. 'euler 4'; got 'time'"):
+        ablation_figure("steps_solver", runs, arms=None, solvers=["euler"])
+    plt.close("all")
+
+
+def test_other_ablations_show_each_arm_in_the_given_order():
+    from nodelm_lib.plotting import ablation_figure
+
+    runs = ablation_runs()
+    runs = runs[runs["arm"].isin(["euler 2", "euler 1"])]
+    fig = ablation_figure("modulation", runs, arms=["euler 2", "euler 1"])
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["euler 2", "euler 1"]
+    assert ax.get_ylabel() == "test loss (nats/token)"
+    assert fig._suptitle is None
+    plt.close(fig)
+
+
+def test_depth_curve_figure_has_a_panel_per_solver_and_a_line_per_trained_arm():
+    import numpy as np
+    import pandas as pd
+
+    from nodelm_lib.plotting import depth_curve_figure, depth_curve_means
+
+    rows = [{"arm": arm, "seed": s, "method": method, "n_steps": n, "nfe": n * (4 if method == "rk4" else 1),
+             "val_loss": 2.0 + 0.1 * n + (0.5 if method == "rk4" else 0) + (0.2 if arm == "rk4 2" else 0) + 0.01 * s}
+            for arm in ("euler 2", "rk4 2") for s in (0, 1) for method in ("euler", "rk4") for n in (1, 2, 4)]
+    depth = pd.DataFrame(rows)
+    mean = depth_curve_means(depth)
+    assert len(mean) == 12 and list(mean.columns) == ["arm", "method", "n_steps", "nfe", "val_loss"]
+    fig = depth_curve_figure(depth, ["euler", "rk4"], ["euler 2", "rk4 2"])
+    assert [ax.get_title() for ax in fig.axes] == ["evaluated with euler", "evaluated with rk4"]
+    for ax in fig.axes:
+        assert len(ax.lines) == 2 and ax.get_xscale() == "log"
+    rk4_panel = fig.axes[1]
+    assert list(rk4_panel.lines[0].get_xdata()) == [4, 8, 16]  # NFE: 4 stages per step
+    np.testing.assert_allclose(np.asarray(rk4_panel.lines[1].get_ydata(), float), [2.805, 2.905, 3.105])  # trained rk4 2, seed mean
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["trained euler 2", "trained rk4 2"]
+    assert fig.axes[0].get_ylabel() == "validation loss (mean over seeds)"
+    plt.close(fig)
+
+
+def test_decode_speed_figure_draws_a_pair_of_bars_per_arch(tmp_path):
+    import pandas as pd
+
+    from nodelm_lib.plotting import decode_speed_figure, save_figure
+
+    speed = pd.DataFrame({"arch": ["gpt", "node", "ti_ssm"], "cached_tokens_per_s": [700.0, 500.0, 300.0],
+                          "uncached_tokens_per_s": [300.0, 150.0, 90.0]})
+    fig = decode_speed_figure(speed, title="greedy decoding")
+    (ax,) = fig.axes
+    uncached, cached = ax.containers
+    assert [b.get_height() for b in uncached] == [300.0, 150.0, 90.0]
+    assert [b.get_height() for b in cached] == [700.0, 500.0, 300.0]
+    assert all(c.get_x() > u.get_x() for u, c in zip(uncached, cached))  # the cache to the right of each pair
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["gpt", "node", "ti_ssm"]
+    assert ax.get_yscale() == "log" and ax.get_title() == "greedy decoding"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["recompute the window", "KV cache"]
+    assert all(p.exists() for p in save_figure(fig, tmp_path / "generation_speed"))
+    plt.close(fig)

@@ -138,6 +138,40 @@ def test_wilcoxon_normal_approximation_above_20(n):
     assert r["p"] == pytest.approx(ss.wilcoxon(d, method="asymptotic").pvalue, rel=1e-10)
 
 
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 13, 20])
+def test_wilcoxon_is_scipys_exact_test_without_ties(m, seed):
+    """Distinct |d| (continuous differences, possibly with zeros, which both drop): our p is
+    scipy's exact p and the brute-force count over all 2**m sign assignments."""
+    rng = np.random.default_rng(1000 * m + seed)
+    d = rng.normal(0.2 * seed, 1.0, size=m)
+    r = st.wilcoxon_signed_rank(d)
+    assert r["method"] == "exact"
+    assert r["p"] == pytest.approx(ss.wilcoxon(d, method="exact").pvalue, rel=1e-12)
+    if m <= 13:
+        assert r["p"] == pytest.approx(_brute_force_p(d), rel=1e-12)
+    with_zeros = np.concatenate([[0.0, 0.0], d])
+    assert st.wilcoxon_signed_rank(with_zeros)["p"] == r["p"]
+    assert r["p"] == pytest.approx(ss.wilcoxon(with_zeros, method="exact", zero_method="wilcox").pvalue, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "d",
+    [
+        [0.5, 0.5, -0.5, 1.0, 1.0, 2.0],  # scipy's "exact" 0.094, all 64 assignments 0.125
+        [1, 1, 2, -2, 3, 3, 3, -0.5, 4],  # scipy's "exact" 0.055, the count 0.043
+        [1, -1, 1, -1, 1],  # scipy's "exact" 0.81, the count 1
+    ],
+)
+def test_wilcoxon_keeps_its_own_count_where_scipys_exact_is_not_exact(d):
+    """With tied |d| scipy's method="exact" compares the average-rank statistic with the null
+    distribution of untied ranks 1..m: its p is not the exact p (either side of it). The count
+    over all sign assignments of the tied ranks is kept for these inputs."""
+    r = st.wilcoxon_signed_rank(d)
+    assert r["p"] == pytest.approx(_brute_force_p(d))
+    assert ss.wilcoxon(d, method="exact").pvalue != pytest.approx(r["p"], abs=1e-3)
+
+
 def test_paired_test_identical_samples():
     a = [1.0, 2.0, 3.0, 4.0, 5.0]
     r = st.paired_test(a, a)
@@ -259,7 +293,7 @@ def test_compare_arms_errors():
         st.compare_arms(df[df.arm == "baseline"], "val_loss", reference="baseline")
 
 
-# --------------------------------------------------------------------------- summary / format
+# --------------------------------------------------------------------------- summary
 
 
 def test_summary_table():
@@ -287,58 +321,3 @@ def test_summary_table_reports_per_metric_n_when_nans_dropped():
     df.loc[(df.arm == "ode") & (df.seed == 0), "val_loss"] = np.nan
     out = st.summary_table(df, ["val_loss"]).set_index("arm")
     assert out.loc["ode", "n"] == 4 and out.loc["ode", "val_loss_n"] == 3
-
-
-def test_format_mean_ci_and_table():
-    assert st.format_mean_ci(1.23449, 0.01234) == "1.234 ± 0.012"
-    assert st.format_mean_ci(5.0, 0.25, digits=2) == "5.00 ± 0.25"
-    assert st.format_mean_ci(float("nan"), 0.1) == "–"
-    assert st.format_mean_ci(2.0, float("nan")) == "2.000 ± –"
-    summary = pd.DataFrame(
-        {"arm": ["a", "b"], "n": [5, 1], "loss_mean": [1.5, np.nan], "loss_ci": [0.05, np.nan], "loss_sd": [0.1, np.nan]}
-    )
-    shown = st.format_table(summary, ["loss"], digits=2)
-    assert list(shown.columns) == ["arm", "n", "loss"]
-    assert list(shown["loss"]) == ["1.50 ± 0.05", "–"]
-
-
-# --------------------------------------------------------------------------- export
-
-
-def test_export_table_writes_three_files(tmp_path):
-    df = pd.DataFrame(
-        {"arm": ["ode_rk4", "base&50%"], "val_loss": [5.123456789, np.nan], "n": [5, 5], "tokens/s": [123456.7, 9.87654]}
-    )
-    paths = st.export_table(df, tmp_path / "sub" / "table.v1")
-    assert [p.name for p in paths] == ["table.v1.csv", "table.v1.md", "table.v1.tex"]
-    assert all(p.exists() for p in paths)
-    assert not [p for p in paths[0].parent.iterdir() if p.name.endswith(".tmp")]
-
-    back = pd.read_csv(paths[0])
-    assert back.loc[0, "val_loss"] == 5.123456789  # full precision in the CSV
-
-    md = paths[1].read_text()
-    assert md.splitlines()[0] == "| arm | val_loss | n | tokens/s |"
-    assert md.splitlines()[1] == "|---|---:|---:|---:|"
-    assert "| ode_rk4 | 5.123 | 5 | 123,457 |" in md
-    assert "| base&50% | – | 5 | 9.877 |" in md
-
-    tex = paths[2].read_text()
-    assert r"\begin{tabular}{lrrr}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
-    assert r"arm & val\_loss & n & tokens/s \\" in tex
-    assert r"ode\_rk4 & 5.123 & 5 & 123,457 \\" in tex
-    assert r"base\&50\% & -- & 5 & 9.877 \\" in tex
-
-
-def test_export_formatted_table_escapes_pm(tmp_path):
-    shown = pd.DataFrame({"arm": ["a"], "loss": [st.format_mean_ci(1.5, 0.05)]})
-    _, md, tex = st.export_table(shown, tmp_path / "t")
-    assert "| a | 1.500 ± 0.050 |" in md.read_text()
-    assert r"a & 1.500 $\pm$ 0.050 \\" in tex.read_text()
-
-
-def test_export_table_overwrites(tmp_path):
-    st.export_table(pd.DataFrame({"x": [1.0]}), tmp_path / "t")
-    st.export_table(pd.DataFrame({"x": [2.0]}), tmp_path / "t")
-    assert (tmp_path / "t.md").read_text() == "| x |\n|---:|\n| 2 |\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.md", "t.tex"]
