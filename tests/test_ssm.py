@@ -207,3 +207,12 @@ def test_selective_scan_rejects_mismatched_shapes():
     x = torch.randn(2, 5, 3)
     with pytest.raises(ValueError, match="same shape"):
         selective_scan(x, torch.rand(2, 4, 3), -torch.rand(3, 2), torch.randn(2, 5, 2), torch.randn(2, 5, 2))
+
+
+def test_selective_scan_with_as_many_states_as_channels():
+    """N == D must not confuse the layout (a bug found by the whole-split evaluation test)."""
+    inputs = _scan_inputs(torch.float64, D=4, N=4)
+    y, last = selective_scan(*inputs)
+    y_ref, last_ref = selective_scan_reference(*inputs)
+    torch.testing.assert_close(y, y_ref, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(last, last_ref, atol=1e-10, rtol=1e-10)

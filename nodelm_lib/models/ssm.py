@@ -116,14 +116,12 @@ def linear_recurrence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tenso
 # --------------------------------------------------------------------------- the selective scan
 
 
-def time_major(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """(B, T, D) -> contiguous (T, B, 1, D) and (B, T, N) -> (T, B, N, 1), the two broadcast
-    shapes of ``_SelectiveScan``'s (T, B, N, D) layout (D and N told apart by ``tensors[0]``:
-    the first tensor fixes D). Contiguous: broadcasting over strided views is several times
-    slower on a CPU."""
-    D = tensors[0].shape[-1]
-    return [t.transpose(0, 1).contiguous()[:, :, None, :] if t.shape[-1] == D else
-            t.transpose(0, 1).contiguous()[..., None] for t in tensors]
+def time_major(*tensors: torch.Tensor, axis: int) -> list[torch.Tensor]:
+    """(B, T, K) -> contiguous (T, B, K) with a unit axis inserted at ``axis`` (-2 for the D-sized
+    inputs, giving (T, B, 1, D); -1 for the N-sized ones, (T, B, N, 1)): the two broadcast
+    shapes of ``_SelectiveScan``'s (T, B, N, D) layout. Contiguous: broadcasting over strided
+    views is several times slower on a CPU."""
+    return [t.transpose(0, 1).contiguous().unsqueeze(axis) for t in tensors]
 
 
 class _SelectiveScan(torch.autograd.Function):
@@ -153,7 +151,7 @@ class _SelectiveScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, delta, A, B_s, C_s, h0):
-        delta_tm, x_tm, B_tm, C_tm = time_major(delta, x, B_s, C_s)
+        (delta_tm, x_tm), (B_tm, C_tm) = time_major(delta, x, axis=-2), time_major(B_s, C_s, axis=-1)
         shape = (*delta_tm.shape[:2], A.shape[1], A.shape[0])  # (T, B, N, D)
         # big outputs go into buffers from torch.empty: measured on CPU, an elementwise op
         # that allocates its own (T, B, N, D) output page-faults and runs 5-8x slower
@@ -170,7 +168,7 @@ class _SelectiveScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y, grad_last):
         x, delta, A, B_s, C_s, h0, a, H = ctx.saved_tensors
-        delta_tm, x_tm, B_tm, C_tm, g = time_major(delta, x, B_s, C_s, grad_y)
+        (delta_tm, x_tm, g), (B_tm, C_tm) = time_major(delta, x, grad_y, axis=-2), time_major(B_s, C_s, axis=-1)
         lam = torch.mul(g, C_tm, out=torch.empty_like(H))  # g_s C_s, becomes lambda_s in place
         if grad_last is not None:
             lam[-1].add_(grad_last.transpose(-1, -2))
