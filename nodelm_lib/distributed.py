@@ -115,13 +115,32 @@ def _destroy() -> None:
         torch_dist.destroy_process_group()
 
 
-def wrap(ctx: Context, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """``model`` under DistributedDataParallel (which also broadcasts rank 0's weights), or as is."""
+def unused_parameters(ctx: Context, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[str]:
+    """Names of the parameters a training step leaves without a gradient (the hybrid's control
+    projection, when no control is given), found by one forward and backward on (x, y) with the
+    random state restored after; none in a single process, where it does not matter. DDP must
+    be told of them, or it waits for their gradients forever."""
+    if not ctx.active:
+        return []
+    with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+        _, loss = model(x, y, return_logits=False)
+        loss.backward()
+    unused = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    model.zero_grad(set_to_none=True)
+    return unused
+
+
+def wrap(ctx: Context, model: torch.nn.Module, device: torch.device, unused: list[str] = ()) -> torch.nn.Module:
+    """``model`` under DistributedDataParallel (which also broadcasts rank 0's weights), or as is.
+    With ``unused`` parameters DDP looks for them every step (``find_unused_parameters``) and leaves
+    their gradients None on every rank, as a single process does: AdamW then skips them, as it
+    does there (a zero gradient would still decay their weights)."""
     if not ctx.active:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   find_unused_parameters=bool(unused))
 
 
 def seed_rank(ctx: Context, seed: int, step: int = 0) -> None:

@@ -430,9 +430,12 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     optimizer = make_optimizer(model, tc)
     batch_gen = torch.Generator().manual_seed(tc.seed)  # batch order, shared by every arch of a seed
     groups = model.param_groups()
+    x0, y0 = val_batches[0]  # a batch of this process's rows, to measure and probe a training step
+    probe = x0[:local_batch].to(device), y0[:local_batch].to(device)
     # the training steps' forward; the eager `model` (same parameters) does everything else, so
     # state_dicts keep their names (no "_orig_mod." prefix) and decoding keeps its KV cache
-    step_model = distributed.wrap(ctx, torch.compile(model) if tc.compile else model, device)
+    step_model = distributed.wrap(ctx, torch.compile(model) if tc.compile else model, device,
+                                  unused=distributed.unused_parameters(ctx, model, *probe))
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")  # noqa: E731
 
     record = RunRecord(
@@ -441,9 +444,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
         flops_per_token=forward_flops_per_token(model, tc.seq_len),
         environment=environment(device, ctx),
     )
-    x0, y0 = val_batches[0]  # one step's activations: this process's rows of the global batch
-    record.activation_mb = activation_bytes(model, x0[:local_batch].to(device), y0[:local_batch].to(device),
-                                            autocast) / 2**20
+    record.activation_mb = activation_bytes(model, *probe, autocast) / 2**20
     start = 0
     if tc.resume and ckpt_path is not None and ckpt_path.exists():
         start = load_training_state(ckpt_path, model, optimizer, batch_gen, record, ctx, device)

@@ -23,7 +23,9 @@ LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MAS
 
 
 def tiny(out_dir: Path, **kw) -> nl.TrainConfig:
-    model = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=2, max_seq_len=32, dropout=0.0)
+    # the hybrid: an ODE block under DDP, and a parameter no training step uses (control_proj)
+    model = nl.ModelConfig(arch="hybrid", vocab_size=256, d_model=32, n_heads=4, n_layers=2, max_seq_len=32,
+                           ode_start=0, ode_end=1, dropout=0.0)
     base = dict(model=model, batch_size=GLOBAL_BATCH, seq_len=32, max_steps=STEPS, lr=3e-3, warmup_steps=3,
                 eval_interval=CUT_AT, eval_batches=3, progress=False, device="cpu", out_dir=str(out_dir),
                 checkpoint_interval=CUT_AT)
@@ -116,7 +118,7 @@ def test_two_ranks_compute_what_one_process_computes(two_ranks, one_process):
     ddp_model = nl.load_model(out / "whole" / CHECKPOINT_NAME)
     for name, value in one_process.model.state_dict().items():
         torch.testing.assert_close(ddp_model.state_dict()[name], value, atol=TOLERANCE, rtol=0, msg=name)
-    assert proc.stdout.count(f"gpt seed 0 ({ddp.config_hash})") == 1  # rank 0 alone reports
+    assert proc.stdout.count(f"hybrid seed 0 ({ddp.config_hash})") == 1  # rank 0 alone reports
 
 
 def test_only_rank_0_writes_and_each_checkpoint_once(two_ranks):
