@@ -2,7 +2,9 @@
 (or ``train --preset small --set model.arch=node``).
 
 Subcommands:
-  train     train one run from a YAML config and/or ``--set key=value`` overrides
+  train     train one run from a YAML config and/or ``--set key=value`` overrides; under
+            ``torchrun --nproc_per_node=N -m nodelm_lib train ...`` data-parallel on N processes
+            (``batch_size`` is the global batch; rank 0 writes and prints)
   generate  sample text from a saved model, printed as it is generated (``--checkpoint``: a model
             file or a run's checkpoint)
   eval      loss / perplexity of a saved model over a whole split, at a chosen context length
@@ -25,6 +27,7 @@ from .config import PRESETS, TrainConfig, apply_overrides, load_yaml, model_pres
 
 
 def _train(args: argparse.Namespace) -> int:
+    from .distributed import launch_context
     from .train import train
 
     tc = load_yaml(args.config) if args.config else TrainConfig()
@@ -36,6 +39,8 @@ def _train(args: argparse.Namespace) -> int:
                                                         dropout=tc.model.dropout))
     tc = apply_overrides(tc, args.set)
     rec = train(tc)
+    if not launch_context().is_main:  # the other ranks of a torchrun launch computed the same record
+        return 0
     if args.record:
         rec.to_json(args.record)
     final = ", ".join(f"{k}={v:.4f}" for k, v in rec.final.items())

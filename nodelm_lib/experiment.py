@@ -25,6 +25,11 @@ computed once, at the end.
 With ``isolate=True`` (sweep's default) each run trains in a fresh Python process: its peak
 memory (resident set size on CPU) and its speed are its own, not inflated by earlier runs in
 the same process, and a crash takes down only that run.
+
+Several workers may share one store (two notebooks, a sweep on a cluster: ``launch.py``, whose
+``launcher=`` every sweep takes): a worker claims a hash with an atomic lock file before training it
+(``claims.py``), so no run is trained by two workers at once; one that finds a run claimed waits
+for its record.
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import torch
 from tqdm import tqdm
 
+from . import claims
 from .config import TONG_HYPERNETWORK, ModelConfig, TrainConfig, for_arch, from_dict, to_dict, with_values
+from .distributed import launch_context
 from .files import atomic_write_text
 from .train import (CHECKPOINT_NAME, RECORD_NAME, RunRecord, eval_batches, evaluate, train,
                     with_tokenizer_vocab)
@@ -80,6 +87,15 @@ def checkpoint_path(config_hash: str, checkpoints: str | Path = DEFAULT_CHECKPOI
     return Path(checkpoints) / config_hash / CHECKPOINT_NAME
 
 
+def finished_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+                    need_checkpoint: bool = False) -> RunRecord | None:
+    """``stored_record``, or None where ``need_checkpoint`` asks for a final model that is not on disk."""
+    done = stored_record(tc, store)
+    if done is None or (need_checkpoint and not checkpoint_path(done.config_hash, checkpoints).exists()):
+        return None
+    return done
+
+
 def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
         isolate: bool = False, need_checkpoint: bool = False, threads: int | None = None) -> RunRecord:
     """Train ``tc`` once, or read its record back from ``store`` if it was trained before.
@@ -90,13 +106,26 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
     a subprocess (see the module docstring), with ``threads`` torch threads if given. ``need_checkpoint=True`` retrains a stored run
     whose final model is not on disk (records are committed, checkpoints are not); training is
     deterministic, so the record it writes again holds the same numbers. Returns the stored
-    record; an in-process run also carries the trained model as ``record.model``.
+    record; an in-process run also carries the trained model as ``record.model``. While another
+    worker holds the run's claim (``claims.py``), this waits for it and reads its record.
     """
     tc = with_tokenizer_vocab(tc)
-    config_hash = tc.config_hash()
-    done = stored_record(tc, store)
-    if done is not None and (not need_checkpoint or checkpoint_path(config_hash, checkpoints).exists()):
+    done = finished_record(tc, store, checkpoints, need_checkpoint)
+    if done is not None:
         return done
+    with claims.wait_for_claim(store, tc.config_hash()):
+        done = finished_record(tc, store, checkpoints, need_checkpoint)  # the worker waited for may have stored it
+        if done is not None:
+            return done
+        return train_into_store(tc, store, checkpoints, isolate, threads)
+
+
+def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+                     isolate: bool = False, threads: int | None = None) -> RunRecord:
+    """Train ``tc`` (resuming its checkpoint) and write its finished record to ``store``; the
+    caller holds the run's claim. ``run`` without the look-up and the claim."""
+    tc = with_tokenizer_vocab(tc)
+    config_hash = tc.config_hash()
     out_dir = Path(checkpoints) / config_hash
     tc = dataclasses.replace(tc, out_dir=str(out_dir), resume=True,
                              checkpoint_interval=tc.checkpoint_interval or tc.eval_interval)
@@ -109,7 +138,7 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
             record = getattr(err, "record", None)
             if record is None or record.status != "failed":
                 raise  # a bug or an interruption: nothing to store, the checkpoint resumes it
-    if record.status in ("completed", "failed"):
+    if record.status in ("completed", "failed") and launch_context().is_main:  # rank 0 of a data-parallel run
         record.to_json(record_path(store, config_hash))
     return record
 
@@ -243,7 +272,8 @@ def check_protocol(configs: list[tuple[str, int, TrainConfig]], lr_selection: Ma
 
 def sweep(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], store: str | Path = DEFAULT_STORE,
           checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, progress: bool = True,
-          need_checkpoint: bool = False, lr_selection=None, workers: int = 1) -> pd.DataFrame:
+          need_checkpoint: bool = False, lr_selection=None, workers: int = 1, launcher=None,
+          wait: bool = True) -> pd.DataFrame:
     """Run every arm with every seed (stored runs are read back) and return one row per run
     (``record_row``), in arm-major order. Stops at the first run that raises; rerunning the
     sweep continues from there, including the interrupted run's checkpoint.
@@ -252,20 +282,35 @@ def sweep(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[in
     selected learning rate; ``check_protocol`` refuses any other difference in rate.
     ``workers > 1`` trains that many isolated runs at once, each with an equal share of the
     CPU's threads (their timings then describe that sharing, the same for every arm).
+
+    ``launcher`` (a ``launch.Launcher``, or "slurm" / "local" / "auto") submits every run the store
+    lacks as its own submitit job and waits for their records (``launch.py``); with ``wait=False``
+    it returns at once with ``launch.collect``'s table (finished runs, and the others' status).
     """
     import pandas as pd
 
     configs, selected = _selected_arm_configs(base, arms, seeds, lr_selection)
     check_protocol(configs, selected)
     records = _run_all([tc for _, _, tc in configs], store, checkpoints, isolate, need_checkpoint, workers,
-                       progress, labels=[f"{name} seed {seed}" for name, seed, _ in configs])
+                       progress, labels=[f"{name} seed {seed}" for name, seed, _ in configs], launcher=launcher,
+                       wait=wait)
+    if not wait:
+        from .launch import collect
+
+        return collect(base, arms, seeds, store, lr_selection)
     return pd.DataFrame([record_row(record, arm=name) for (name, _, _), record in zip(configs, records)])
 
 
 def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need_checkpoint: bool, workers: int,
-             progress: bool, labels: list[str]) -> list[RunRecord]:
-    """``run`` every config (one at a time, or ``workers`` isolated runs at once); records in
-    the order of ``configs``. A config listed twice is trained once."""
+             progress: bool, labels: list[str], launcher=None, wait: bool = True) -> list[RunRecord]:
+    """``run`` every config (one at a time, ``workers`` isolated runs at once, or as jobs of a
+    ``launcher``); records in the order of ``configs``. A config listed twice is trained once."""
+    if launcher is not None:
+        from .launch import run_all
+
+        return run_all(configs, store, checkpoints, launcher, need_checkpoint, progress, labels, wait)
+    if not wait:
+        raise ValueError("wait=False needs a launcher: without one the sweep trains in this process")
     if workers < 1:
         raise ValueError(f"workers={workers!r} is not valid; it must be >= 1")
     if workers > 1 and not isolate:
@@ -303,7 +348,7 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
 def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs: Iterable[float], seed: int,
               max_steps: int | None = None, store: str | Path = DEFAULT_STORE,
               checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, progress: bool = True,
-              workers: int = 1, reported_seeds: Iterable[int] = ()) -> pd.DataFrame:
+              workers: int = 1, reported_seeds: Iterable[int] = (), launcher=None) -> pd.DataFrame:
     """Each arm's learning rate, chosen on validation: every arm trained once per rate of
     ``lrs`` with ``seed``, which must not be one of the ``reported_seeds`` (a rate picked on
     the seeds it is then reported on would favour it). ``max_steps`` shortens the runs (the
@@ -312,7 +357,7 @@ def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs: Iterable[
 
     Returns one row per (arm, lr): arm, lr, seed, steps, val_loss, config_hash and
     ``selected`` (True for the arm's lowest validation loss; a run that failed is never
-    selected). Pass the table to ``sweep(lr_selection=...)``.
+    selected). Pass the table to ``sweep(lr_selection=...)``. ``launcher`` as in ``sweep``.
     """
     import pandas as pd
 
@@ -326,7 +371,7 @@ def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs: Iterable[
     configs = [(name, lr, with_values(short, {**overrides, "lr": lr, "seed": seed}))
                for name, overrides in arms.items() for lr in lrs]
     records = _run_all([tc for _, _, tc in configs], store, checkpoints, isolate, False, workers, progress,
-                       labels=[f"{name} lr {lr:g}" for name, lr, _ in configs])
+                       labels=[f"{name} lr {lr:g}" for name, lr, _ in configs], launcher=launcher)
     table = pd.DataFrame([{"arm": name, "lr": lr, "seed": seed, "steps": tc.max_steps,
                            "val_loss": record.final.get("val_loss", math.nan) if record.status == "completed" else math.nan,
                            "status": record.status, "config_hash": record.config_hash}

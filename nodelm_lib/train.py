@@ -19,6 +19,9 @@ same final numbers as an uninterrupted one.
 
 Failure: a non-finite loss or gradient stops the run with ``NonFiniteError`` naming the
 step; the last good checkpoint is kept and the record so far is written (status "failed").
+
+Several processes: launched by ``torchrun``, one run trains data-parallel (DDP) with
+``batch_size`` as the global batch, to the numbers of one process (``distributed.py``).
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ import numpy as np
 import torch
 from tqdm import tqdm  # text bar everywhere: tqdm.auto warns without ipywidgets
 
-from . import __version__
+from . import __version__, distributed
 from .config import TrainConfig, from_dict, to_dict
 from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch, split_windows
+from .distributed import SINGLE, Context
 from .files import atomic_write, atomic_write_text
 from .models import CausalLM, build_model
 from .profiling import cpu_description, forward_flops_per_token, saved_tensor_bytes
@@ -211,19 +215,24 @@ def grad_norms(model: CausalLM, groups: dict[str, list[str]]) -> dict[str, float
 
 
 @torch.no_grad()
-def evaluate(model: CausalLM, batches, device: torch.device, autocast) -> float:
+def evaluate(model: CausalLM, batches, device: torch.device, autocast, ctx: Context = SINGLE) -> float:
     """Mean loss per token over fixed batches, in eval mode (no dropout). Batches of one size
     (random windows) are averaged as they come; a smaller last batch (a whole split) is
-    weighted by its tokens."""
+    weighted by its tokens. In a data-parallel run (``ctx``) each rank scores every
+    ``world_size``-th batch and the per-batch losses are gathered, so every rank returns the
+    single-process number."""
+    batches = list(batches)
     was_training = model.training
     model.eval()
-    losses, sizes = [], []
-    for x, y in batches:
+    mine = {}
+    for i in distributed.my_batches(ctx, batches):
+        x, y = batches[i]
         with autocast():
             _, loss = model(x.to(device), y.to(device), return_logits=False)
-        losses.append(float(loss))
-        sizes.append(y.numel())
+        mine[i] = float(loss)
     model.train(was_training)
+    losses = distributed.gather_values(ctx, len(batches), mine, device)
+    sizes = [y.numel() for _, y in batches]
     if len(set(sizes)) == 1:
         return float(np.mean(losses))
     return float(np.dot(losses, sizes) / sum(sizes))
@@ -251,7 +260,7 @@ def evaluate_split(model: CausalLM, tokens, seq_len: int, batch_size: int = 8, m
             "tokens": batch_tokens(batches), "seq_len": seq_len}
 
 
-def environment(device: torch.device) -> dict:
+def environment(device: torch.device, ctx: Context = SINGLE) -> dict:
     env = {
         "nodelm": __version__,
         "torch": torch.__version__,
@@ -264,6 +273,9 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
         env["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+    if ctx.active:  # a data-parallel run: the timings and memory are rank 0's
+        env["world_size"] = ctx.world_size
+        env["backend"] = distributed.BACKENDS[device.type]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
@@ -324,9 +336,11 @@ def activation_bytes(model: CausalLM, x: torch.Tensor, y: torch.Tensor, autocast
 # --------------------------------------------------------------------------- checkpoints
 
 
-def save_training_state(path: Path, model, optimizer, step: int, batch_gen: torch.Generator, record: RunRecord) -> None:
+def save_training_state(path: Path, model, optimizer, step: int, batch_gen: torch.Generator, record: RunRecord,
+                        rank_rng: list[dict] | None = None) -> None:
     """Everything an exact resume needs; also a model file ``nl.load_model`` reads (it holds
-    the model's config, the tokenizer and the dataset next to the weights)."""
+    the model's config, the tokenizer and the dataset next to the weights). ``rank_rng``: every
+    rank's random state in a data-parallel run (``distributed.gather_rng_states``)."""
     config = record.config
     state = {
         "step": step,
@@ -343,11 +357,16 @@ def save_training_state(path: Path, model, optimizer, step: int, batch_gen: torc
         "evals": record.evals,
         "train_time_s": record.train_time_s,
     }
+    if rank_rng is not None:
+        state["rank_rng"] = rank_rng
     atomic_write(path, lambda f: torch.save(state, f))
 
 
-def load_training_state(path: Path, model, optimizer, batch_gen: torch.Generator, record: RunRecord) -> int:
-    """Restore a run from ``path``; returns the number of steps already done."""
+def load_training_state(path: Path, model, optimizer, batch_gen: torch.Generator, record: RunRecord,
+                        ctx: Context = SINGLE, device: torch.device | None = None) -> int:
+    """Restore a run from ``path``, written by any number of processes; returns the number of
+    steps already done. In a data-parallel run (``ctx``) every rank reads the same replicated
+    state, and rank r > 0 its own random state (``distributed.restore_rng_state``)."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     if state["config_hash"] != record.config_hash:
         raise ValueError(
@@ -362,6 +381,7 @@ def load_training_state(path: Path, model, optimizer, batch_gen: torch.Generator
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     record.metrics, record.evals = list(state["metrics"]), list(state["evals"])
     record.train_time_s = float(state.get("train_time_s", 0.0))
+    distributed.restore_rng_state(ctx, state.get("rank_rng"), record.seed, int(state["step"]), device)
     return int(state["step"])
 
 
@@ -383,10 +403,16 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     after the record so far is saved. With ``out_dir`` set, the record is written to
     ``out_dir/record.json`` and checkpoints to ``out_dir/checkpoint.pt``. The trained model
     is returned as ``record.model`` (an attribute, not part of the JSON).
+
+    Launched by ``torchrun`` with several processes, every process calls this and trains its
+    share of each global batch (``distributed.py``); all return the same record, rank 0 alone
+    writes files and shows progress, and ``callback`` runs on every rank.
     """
     t_start = time.perf_counter()
     tc = with_tokenizer_vocab(tc)
-    device = resolve_device(tc.device)
+    ctx = distributed.launch_context()
+    local_batch = distributed.check_batch_divides(tc.batch_size, ctx.world_size)
+    device = distributed.process_device(ctx, resolve_device(tc.device))
     check_dtype_supported(tc.dtype, device)
     if device.type == "cuda":
         enable_tf32()
@@ -397,41 +423,46 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     train_tokens = split_tokens(tc, "train")
     val_batches = eval_batches(tc, "validation")
 
+    distributed.setup(ctx, device)
     torch.manual_seed(tc.seed)  # initialisation and dropout masks
     model = build_model(tc.model).to(device)
+    distributed.seed_rank(ctx, tc.seed)  # ranks > 0: dropout masks of their own
     optimizer = make_optimizer(model, tc)
     batch_gen = torch.Generator().manual_seed(tc.seed)  # batch order, shared by every arch of a seed
     groups = model.param_groups()
+    x0, y0 = val_batches[0]  # a batch of this process's rows, to measure and probe a training step
+    probe = x0[:local_batch].to(device), y0[:local_batch].to(device)
     # the training steps' forward; the eager `model` (same parameters) does everything else, so
     # state_dicts keep their names (no "_orig_mod." prefix) and decoding keeps its KV cache
-    step_model = torch.compile(model) if tc.compile else model
+    step_model = distributed.wrap(ctx, torch.compile(model) if tc.compile else model, device,
+                                  unused=distributed.unused_parameters(ctx, model, *probe))
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")  # noqa: E731
 
     record = RunRecord(
         config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed,
         params={"total": model.num_params(), "non_embedding": model.num_params(non_embedding=True)},
         flops_per_token=forward_flops_per_token(model, tc.seq_len),
-        environment=environment(device),
+        environment=environment(device, ctx),
     )
-    x0, y0 = val_batches[0]
-    record.activation_mb = activation_bytes(model, x0[: tc.batch_size].to(device), y0[: tc.batch_size].to(device),
-                                            autocast) / 2**20
+    record.activation_mb = activation_bytes(model, *probe, autocast) / 2**20
     start = 0
     if tc.resume and ckpt_path is not None and ckpt_path.exists():
-        start = load_training_state(ckpt_path, model, optimizer, batch_gen, record)
+        start = load_training_state(ckpt_path, model, optimizer, batch_gen, record, ctx, device)
     if start == 0:
-        record.evals.append({"step": 0, "val_loss": evaluate(model, val_batches, device, autocast), "train_time_s": 0.0})
+        record.evals.append({"step": 0, "val_loss": evaluate(model, val_batches, device, autocast, ctx),
+                             "train_time_s": 0.0})
     time_before = record.train_time_s  # training time before this process (a resumed run)
 
-    writer = _tensorboard_writer(tc.log_dir)
+    writer = _tensorboard_writer(tc.log_dir) if ctx.is_main else None
     model.train()
     train_time = 0.0
-    bar = tqdm(total=tc.max_steps, initial=start, disable=not tc.progress, desc=f"{tc.model.arch} seed {tc.seed}")
+    bar = tqdm(total=tc.max_steps, initial=start, disable=not (tc.progress and ctx.is_main),
+               desc=f"{tc.model.arch} seed {tc.seed}")
     try:
         for step in range(start, tc.max_steps):
             t0 = time.perf_counter()
             row = _train_step(model, step_model, optimizer, tc, step, train_tokens, batch_gen, device, groups,
-                              autocast, record)
+                              autocast, record, ctx)
             step_time = time.perf_counter() - t0
             if tc.compile and step == start:
                 record.compile_time_s = step_time
@@ -439,12 +470,12 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
             done = step + 1
             record.metrics.append(row)
             if done % tc.eval_interval == 0 or done == tc.max_steps:
-                record.evals.append({"step": done, "val_loss": evaluate(model, val_batches, device, autocast),
+                record.evals.append({"step": done, "val_loss": evaluate(model, val_batches, device, autocast, ctx),
                                      "train_time_s": time_before + train_time})
                 bar.set_postfix(loss=f"{row['loss']:.3f}", val=f"{record.evals[-1]['val_loss']:.3f}")
             if tc.checkpoint_interval and done % tc.checkpoint_interval == 0:
                 record.train_time_s = time_before + train_time
-                save_training_state(ckpt_path, model, optimizer, done, batch_gen, record)
+                _checkpoint(ctx, device, ckpt_path, model, optimizer, done, batch_gen, record)
             _log_tensorboard(writer, done, row, record.evals[-1] if record.evals[-1]["step"] == done else None)
             bar.update(1)
             if callback is not None:
@@ -452,7 +483,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     except BaseException as err:  # save what was computed, then let the error through
         record.status = "failed" if isinstance(err, NonFiniteError) else "interrupted"
         record.error = f"{type(err).__name__}: {err}"
-        _finish(record, tc, device, t_start, train_time, time_before, out_dir)
+        _finish(record, tc, device, t_start, train_time, time_before, out_dir, ctx)
         raise
     finally:
         bar.close()
@@ -463,30 +494,47 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     record.final = {
         "train_loss": _final_train_loss(record.metrics),
         "val_loss": record.evals[-1]["val_loss"],
-        "test_loss": evaluate(model, test_batches, device, autocast),  # computed once, at the end
+        "test_loss": evaluate(model, test_batches, device, autocast, ctx),  # computed once, at the end
         "val_tokens": batch_tokens(val_batches),
         "test_tokens": batch_tokens(test_batches),
     }
     record.status = "completed"
     if out_dir is not None and start < tc.max_steps:
         record.train_time_s = time_before + train_time
-        save_training_state(ckpt_path, model, optimizer, tc.max_steps, batch_gen, record)
+        _checkpoint(ctx, device, ckpt_path, model, optimizer, tc.max_steps, batch_gen, record)
     if ckpt_path is not None and ckpt_path.exists():
         record.checkpoint = str(ckpt_path)
-    _finish(record, tc, device, t_start, train_time, time_before, out_dir)
+    _finish(record, tc, device, t_start, train_time, time_before, out_dir, ctx)
     record.model = model
     return record
 
 
+def _checkpoint(ctx: Context, device, path: Path, model, optimizer, step: int, batch_gen, record: RunRecord) -> None:
+    """``save_training_state`` by rank 0 alone, with every rank's random state (a collective:
+    every rank calls this at the same steps)."""
+    rank_rng = distributed.gather_rng_states(ctx, device)
+    if ctx.is_main:
+        save_training_state(path, model, optimizer, step, batch_gen, record, rank_rng)
+
+
+def _training_batch(tc: TrainConfig, train_tokens, batch_gen, device, ctx: Context):
+    """The next global batch of the seed's order, or in a data-parallel run this rank's rows of it."""
+    if not ctx.active:
+        return sample_batch(train_tokens, tc.batch_size, tc.seq_len, batch_gen, device=device)
+    x, y = distributed.local_rows(ctx, *sample_batch(train_tokens, tc.batch_size, tc.seq_len, batch_gen))
+    return x.to(device), y.to(device)
+
+
 def _train_step(model, step_model, optimizer, tc, step, train_tokens, batch_gen, device, groups, autocast,
-                record) -> dict:
+                record, ctx: Context = SINGLE) -> dict:
     lr = lr_at(step, tc)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    x, y = sample_batch(train_tokens, tc.batch_size, tc.seq_len, batch_gen, device=device)
+    x, y = _training_batch(tc, train_tokens, batch_gen, device, ctx)
     with autocast():
         _, loss = step_model(x, y, return_logits=False)
-    loss_value = float(loss.detach())
+    # the global batch's loss on every rank, so that every rank stops at a non-finite one together
+    loss_value = distributed.global_mean(ctx, loss)
     if not math.isfinite(loss_value):
         raise NonFiniteError(f"non-finite loss ({loss_value}) at step {step + 1}", record)
     optimizer.zero_grad(set_to_none=True)
@@ -503,15 +551,15 @@ def _train_step(model, step_model, optimizer, tc, step, train_tokens, batch_gen,
 
 
 def _finish(record: RunRecord, tc: TrainConfig, device, t_start: float, train_time: float, time_before: float,
-            out_dir) -> None:
+            out_dir, ctx: Context = SINGLE) -> None:
     """Timings (wall time of this process; training time and tokens/s over all processes of a
-    resumed run), peak memory (of this process), and the record written to out_dir."""
+    resumed run), peak memory (of this process), and the record written to out_dir (by rank 0)."""
     record.wall_time_s = time.perf_counter() - t_start
     record.train_time_s = time_before + train_time
     tokens = len(record.metrics) * tc.batch_size * tc.seq_len
     record.tokens_per_s = tokens / record.train_time_s if record.train_time_s > 0 else 0.0
     record.peak_memory_mb = peak_memory_mb(device)
-    if out_dir is not None:
+    if out_dir is not None and ctx.is_main:
         record.to_json(out_dir / RECORD_NAME)
 
 
