@@ -103,11 +103,13 @@ def arm_step_seconds(name: str, steps: int, threads: int) -> list[float]:
 def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
     """Each arm trains in a fresh process, as every run of the sweep does (its allocator and
     caches start empty, which decides a lot at these sizes); the arms take turns, ``rounds``
-    processes each, 12 steps per process of which the first two are dropped."""
+    processes each, 12 steps per process of which the first two are dropped; each round starts
+    at the next arm, so no arm is always first after a pause."""
     arms = cpu_02_arms()
     samples = {name: [] for name in arms}
-    for _ in range(rounds):
-        for name in arms:
+    names = list(arms)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # each round starts with another arm
             out = subprocess.run([sys.executable, __file__, "--child-arm", name, "--threads", str(threads)],
                                  check=True, capture_output=True, text=True).stdout
             samples[name] += json.loads(out.strip().splitlines()[-1])[2:]
@@ -195,7 +197,7 @@ def write(rows: list[dict], info: dict, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="processes per arm (02 cpu, 10 timed steps each); "
+    parser.add_argument("--rounds", type=int, default=4, help="processes per arm (02 cpu, 10 timed steps each); "
                         "seed config: 3 x rounds timed steps per model")
     parser.add_argument("--decode-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1, help="threads of the 02 and decode measurements")
