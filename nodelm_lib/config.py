@@ -221,6 +221,12 @@ class TrainConfig:
     decoding use the eager module, which shares its weights); its losses differ from eager ones
     in the last bits (with dropout, its masks differ too: inductor draws them with its own
     generator), so it is part of the config hash.
+
+    ``init_from`` (a config hash) starts the run from the final model of that run instead of a
+    random initialisation: fine-tuning, e.g. at another number of solver steps
+    (``experiment.depth_transfer``). The parent's checkpoint is looked up beside the run's own,
+    ``<out_dir>/../<init_from>/checkpoint.pt`` (``experiment.run`` keeps every run of a store
+    there); its model may differ from ``model`` only in depth (``n_layers``, ``ode``).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -250,6 +256,7 @@ class TrainConfig:
     resume: bool = False
     log_dir: Union[str, None] = None
     progress: bool = True
+    init_from: Union[str, None] = None
 
     def __post_init__(self) -> None:
         _check_choice("dataset", self.dataset, CORPORA)
@@ -281,7 +288,7 @@ NON_SEMANTIC_KEYS = frozenset({"out_dir", "checkpoint_interval", "resume", "log_
 
 # Fields added after runs were stored, with the value those runs had: left out of the hash
 # while they hold it, so that every stored record keeps its name.
-HASHED_ONLY_IF_CHANGED = {"eval_on": "batches", "compile": False}
+HASHED_ONLY_IF_CHANGED = {"eval_on": "batches", "compile": False, "init_from": None}
 
 
 def config_hash(cfg: TrainConfig) -> str:

@@ -35,7 +35,6 @@ for its record.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import math
@@ -52,7 +51,7 @@ from . import claims
 from .config import TONG_HYPERNETWORK, ModelConfig, TrainConfig, for_arch, from_dict, to_dict, with_values
 from .distributed import launch_context
 from .files import atomic_write_text
-from .train import (CHECKPOINT_NAME, RECORD_NAME, RunRecord, eval_batches, evaluate, train,
+from .train import (CHECKPOINT_NAME, RECORD_NAME, RunRecord, train,
                     with_tokenizer_vocab)
 
 # the environment variable through which a sweep tells an isolated run how many threads to use
@@ -405,72 +404,6 @@ def selected_lrs(selection) -> dict[str, float]:
     if (counts > 1).any():
         raise ValueError(f"the selection chose several rates for arm(s) {sorted(counts[counts > 1].index)}")
     return {str(arm): float(lr) for arm, lr in zip(chosen["arm"], chosen["lr"])}
-
-
-def ablation_arms(model: ModelConfig, steps: Iterable[int] = (2, 4, 8), solvers: Iterable[str] = ("euler", "rk4"),
-                  state_sizes: Iterable[int] = (16, 32, 64)) -> dict[str, tuple[str, dict[str, dict[str, Any]]]]:
-    """The ablations of a time-indexed model ``model`` (a ``ti_mlp`` config), each as
-    ``{ablation: (reference arm, arms)}``:
-
-    - ``modulation``: weights modulated in t (``time``) vs shown t = 0 throughout (``constant``);
-    - ``integration``: x + dt f(t, x) (``ode``) vs x + f(t, x) (``residual``);
-    - ``steps_solver``: ``<solver> <n>`` for every solver and number of steps n (the depth);
-    - ``state_size``: ``ti_ssm`` with state size ``N=<n>`` (the MLP replaced by the SSM).
-
-    The references are ``model`` itself (and ``ti_ssm`` at the first state size), so arms
-    shared between ablations are one run.
-    """
-    if model.arch != "ti_mlp":
-        raise ValueError(f"the ablations are defined on model.arch='ti_mlp', got {model.arch!r}")
-    base = {"model": model}
-    steps, solvers, state_sizes = list(steps), list(solvers), list(state_sizes)
-    depth = {f"{solver} {n}": {"model": dataclasses.replace(model, n_layers=n, ode=dataclasses.replace(
-        model.ode, method=solver, n_steps=n))} for solver in solvers for n in steps}
-    ssm = for_arch(model, "ti_ssm")
-    sizes = {f"N={n}": {"model": dataclasses.replace(ssm, ssm_state_size=n)} for n in state_sizes}
-    reference_depth = f"{model.ode.method} {model.n_layers}"
-    if reference_depth not in depth:
-        raise ValueError(f"the model's own solver and depth ({reference_depth!r}) must be among the "
-                         f"steps_solver arms {list(depth)}")
-    return {
-        "modulation": ("time", {"time": base, "constant": {"model": dataclasses.replace(model, modulation="constant")}}),
-        "integration": ("ode", {"ode": base, "residual": {"model": dataclasses.replace(model, integration="residual")}}),
-        "steps_solver": (reference_depth, depth),
-        "state_size": (f"N={state_sizes[0]}", sizes),
-    }
-
-
-def depth_curve(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[str] | None = None,
-                checkpoints: str | Path = DEFAULT_CHECKPOINTS, device: str = "cpu") -> "pd.DataFrame":
-    """Validation loss of a trained continuous-depth run solved with other numbers of steps
-    (and methods) than it was trained with, on the run's own fixed validation batches.
-
-    One row per (method, n_steps): the trained method and steps, ``nfe`` (field evaluations
-    per forward pass) and ``val_loss``. Needs the run's final model on disk (``run(...,
-    need_checkpoint=True)``).
-    """
-    import pandas as pd
-
-    from .checkpoints import load_model
-
-    path = checkpoint_path(record.config_hash, checkpoints)
-    if not path.exists():
-        raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}; "
-                                "train it with run(..., need_checkpoint=True)")
-    tc = record.train_config
-    model = load_model(path, device=device)
-    trained = model.cfg.ode
-    batches = eval_batches(tc, "validation")  # the batches the run's own evaluations used
-    rows = []
-    for method in methods or [trained.method]:
-        for n in eval_steps:
-            model.set_ode(method=method, n_steps=n)
-            loss = evaluate(model, batches, torch.device(device), contextlib.nullcontext)
-            rows.append({"config_hash": record.config_hash, "seed": record.seed, "trained_method": trained.method,
-                         "trained_steps": trained.n_steps, "method": method, "n_steps": n,
-                         "nfe": model.ode_stats()["nfe"], "val_loss": loss})
-    model.set_ode(trained)
-    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- records as tables

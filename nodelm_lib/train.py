@@ -385,6 +385,39 @@ def load_training_state(path: Path, model, optimizer, batch_gen: torch.Generator
     return int(state["step"])
 
 
+def parent_checkpoint(tc: TrainConfig) -> Path:
+    """Where the final model of ``tc.init_from`` lies: beside ``tc``'s own checkpoint folder."""
+    if not tc.out_dir:
+        raise ValueError(f"init_from={tc.init_from!r} needs out_dir: the parent run's checkpoint is looked up "
+                         "beside the run's own, <out_dir>/../<init_from>/checkpoint.pt")
+    return Path(tc.out_dir).parent / tc.init_from / CHECKPOINT_NAME
+
+
+# the model fields a fine-tuning run may change relative to its parent: the depth
+DEPTH_FIELDS = ("n_layers", "ode")
+
+
+def load_parent_weights(model: CausalLM, tc: TrainConfig) -> None:
+    """Copy the parent run's final weights (``tc.init_from``) into ``model``, exactly.
+
+    The parent's model config must equal ``tc.model`` in everything but the depth
+    (``DEPTH_FIELDS``): a continuous-depth model's weights do not depend on its number of
+    solver steps, so the same flow is then solved on another grid.
+    """
+    path = parent_checkpoint(tc)
+    if not path.exists():
+        raise FileNotFoundError(f"no final model of parent run {tc.init_from} at {path}; train it first "
+                                "(experiment.run(..., need_checkpoint=True))")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    parent = state["model_config"]
+    child = to_dict(tc.model) | {"vocab_size": model.cfg.vocab_size}
+    differ = sorted(k for k in child if k not in DEPTH_FIELDS and parent.get(k) != child[k])
+    if differ:
+        raise ValueError(f"the model of parent run {tc.init_from} differs from this run's in {', '.join(differ)}; "
+                         f"a fine-tuning run may change only {', '.join(DEPTH_FIELDS)}")
+    model.load_state_dict(state["model"])
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -425,7 +458,10 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
 
     distributed.setup(ctx, device)
     torch.manual_seed(tc.seed)  # initialisation and dropout masks
-    model = build_model(tc.model).to(device)
+    model = build_model(tc.model)
+    if tc.init_from is not None:
+        load_parent_weights(model, tc)
+    model = model.to(device)
     distributed.seed_rank(ctx, tc.seed)  # ranks > 0: dropout masks of their own
     optimizer = make_optimizer(model, tc)
     batch_gen = torch.Generator().manual_seed(tc.seed)  # batch order, shared by every arch of a seed

@@ -246,29 +246,3 @@ def test_report_table_shows_mean_ci_and_the_paired_comparison():
     expected = stats.compare_arms(runs, "test_loss", "a").iloc[0]
     assert table.loc["b", "p (paired t, Holm)"] == f"{expected['p_t_holm']:.3g}"
 
-
-def test_ablation_arms_share_their_reference_and_check_it():
-    model = nl.ModelConfig(arch="ti_mlp", vocab_size=256, d_model=32, n_heads=4, n_layers=4, ode=nl.ODEConfig(n_steps=4))
-    studies = experiment.ablation_arms(model)
-    for reference, arms in studies.values():
-        assert reference in arms
-    assert studies["modulation"][1]["time"] == studies["steps_solver"][1]["euler 4"] == {"model": model}
-    assert studies["steps_solver"][1]["rk4 8"]["model"].ode == nl.ODEConfig(method="rk4", n_steps=8)
-    assert studies["state_size"][1]["N=64"]["model"].arch == "ti_ssm"
-    with pytest.raises(ValueError, match="'euler 4'"):
-        experiment.ablation_arms(model, steps=(2, 8))
-    with pytest.raises(ValueError, match="ti_mlp"):
-        experiment.ablation_arms(nl.ModelConfig(vocab_size=256))
-
-
-def test_depth_curve_at_the_trained_steps_reproduces_the_runs_validation_loss(tmp_path):
-    model = nl.ModelConfig(arch="ti_mlp", vocab_size=256, d_model=32, n_heads=4, n_layers=2, max_seq_len=32,
-                           ode=nl.ODEConfig(n_steps=2))
-    record = nl.run(tiny(model=model), store=tmp_path / "runs", checkpoints=tmp_path / "ckpt")
-    curve = experiment.depth_curve(record, [1, 2, 4], ["euler", "rk4"], checkpoints=tmp_path / "ckpt").set_index(
-        ["method", "n_steps"])
-    assert curve.loc[("euler", 2), "val_loss"] == pytest.approx(record.final["val_loss"], abs=1e-6)
-    assert list(curve["nfe"]) == [1, 2, 4, 4, 8, 16]
-    assert curve.loc[("euler", 4), "val_loss"] != curve.loc[("euler", 2), "val_loss"]
-    with pytest.raises(FileNotFoundError, match="need_checkpoint=True"):
-        experiment.depth_curve(record, [2], checkpoints=tmp_path / "elsewhere")

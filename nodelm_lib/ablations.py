@@ -1,0 +1,280 @@
+"""Notebook 03's experiments on the time-indexed models: ablations, depth curves, and
+fine-tuning at another depth.
+
+- ``ablation_arms``: the arms of each ablation of a ``ti_mlp`` (modulation, integration,
+  solver x steps, the ``ti_ssm`` state size), run with ``experiment.sweep``;
+- ``depth_curve``: a trained continuous-depth model solved with other numbers of steps and
+  other solvers than it was trained with;
+- ``depth_transfer``: Tong et al.'s adaptive-depth experiment: a model trained at n steps is
+  (a) evaluated at m steps, (b) fine-tuned at m steps for a short budget, and compared with
+  (c) models trained from scratch at m steps for the same short budget and for the full one.
+
+A continuous-depth model's weights do not depend on its number of solver steps (the depth is
+the grid the flow is solved on), so "the same model at another depth" is well defined:
+``at_depth``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+import torch
+
+from .config import ModelConfig, TrainConfig, for_arch, with_values
+from .experiment import DEFAULT_CHECKPOINTS, DEFAULT_STORE, _run_all, checkpoint_path, selected_lrs
+from .train import RunRecord, eval_batches, evaluate, with_tokenizer_vocab
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# the architectures whose depth is a number of solver steps of one time-dependent field
+CONTINUOUS_DEPTH = ("node", "ti_mlp", "ti_ssm")
+
+
+def at_depth(model: ModelConfig, n_steps: int, method: str | None = None) -> ModelConfig:
+    """``model`` solved with ``n_steps`` steps (of ``method``, default its own): its depth
+    (``n_layers``) is the number of steps. The weights are the same for every depth."""
+    if model.arch not in CONTINUOUS_DEPTH:
+        raise ValueError(f"at_depth needs a continuous-depth arch ({', '.join(CONTINUOUS_DEPTH)}), got {model.arch!r}")
+    ode = dataclasses.replace(model.ode, method=method or model.ode.method, n_steps=n_steps)
+    return dataclasses.replace(model, n_layers=n_steps, ode=ode)
+
+
+def _steps_of(steps: Iterable[int] | Mapping[str, Iterable[int]], solver: str) -> list[int]:
+    return list(steps[solver]) if isinstance(steps, Mapping) else list(steps)
+
+
+def ablation_arms(model: ModelConfig, steps: Iterable[int] | Mapping[str, Iterable[int]] = (2, 4, 8),
+                  solvers: Iterable[str] = ("euler", "rk4"),
+                  state_sizes: Iterable[int] = (16, 32, 64)) -> dict[str, tuple[str, dict[str, dict[str, Any]]]]:
+    """The ablations of a time-indexed model ``model`` (a ``ti_mlp`` config), each as
+    ``{ablation: (reference arm, arms)}``:
+
+    - ``modulation``: weights modulated in t (``time``) vs shown t = 0 throughout (``constant``);
+    - ``integration``: x + dt f(t, x) (``ode``) vs x + f(t, x) (``residual``);
+    - ``steps_solver``: ``<solver> <n>`` for every solver and number of steps n (the depth);
+      ``steps`` is one list for every solver or a mapping solver -> list;
+    - ``state_size``: ``ti_ssm`` with state size ``N=<n>`` (the MLP replaced by the SSM).
+
+    The references are ``model`` itself and ``ti_ssm`` at ``model.ssm_state_size`` (both must
+    be among the arms), so arms shared between ablations, or with notebook 02's ``ti_mlp`` and
+    ``ti_ssm`` arms of the same shape, are one run.
+    """
+    if model.arch != "ti_mlp":
+        raise ValueError(f"the ablations are defined on model.arch='ti_mlp', got {model.arch!r}")
+    base = {"model": model}
+    solvers, state_sizes = list(solvers), list(state_sizes)
+    depth = {f"{solver} {n}": {"model": at_depth(model, n, solver)} for solver in solvers
+             for n in _steps_of(steps, solver)}
+    ssm = for_arch(model, "ti_ssm")
+    sizes = {f"N={n}": {"model": dataclasses.replace(ssm, ssm_state_size=n)} for n in state_sizes}
+    reference_depth = f"{model.ode.method} {model.n_layers}"
+    if reference_depth not in depth:
+        raise ValueError(f"the model's own solver and depth ({reference_depth!r}) must be among the "
+                         f"steps_solver arms {list(depth)}")
+    reference_size = f"N={model.ssm_state_size}"
+    if reference_size not in sizes:
+        raise ValueError(f"the model's own state size ({reference_size!r}) must be among the state_size arms "
+                         f"{list(sizes)}")
+    return {
+        "modulation": ("time", {"time": base, "constant": {"model": dataclasses.replace(model, modulation="constant")}}),
+        "integration": ("ode", {"ode": base, "residual": {"model": dataclasses.replace(model, integration="residual")}}),
+        "steps_solver": (reference_depth, depth),
+        "state_size": (reference_size, sizes),
+    }
+
+
+def inherited_lrs(arms: Mapping[str, Mapping[str, Any]], selection) -> dict[str, float]:
+    """arm -> learning rate: every arm at the rate selected for its architecture (``selection``:
+    ``experiment.select_lr``'s table or a mapping arch -> rate), e.g. every ``ti_mlp`` variant
+    at ``ti_mlp``'s rate. Pass it to ``sweep(lr_selection=...)``."""
+    chosen = selected_lrs(selection)
+    rates = {}
+    for name, overrides in arms.items():
+        arch = overrides["model"].arch
+        if arch not in chosen:
+            raise ValueError(f"arm {name!r} is a {arch!r}, for which the selection has no rate; it covers "
+                             f"{', '.join(map(repr, chosen))}")
+        rates[name] = chosen[arch]
+    return rates
+
+
+# --------------------------------------------------------------------------- depth curves
+
+
+SPLIT_COLUMNS = {"validation": "val_loss", "test": "test_loss"}
+
+
+def depth_curve(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[str] | None = None,
+                checkpoints: str | Path = DEFAULT_CHECKPOINTS, device: str = "cpu",
+                splits: Iterable[str] = ("validation",), max_batches: int | None = None) -> "pd.DataFrame":
+    """Loss of a trained continuous-depth run solved with other numbers of steps (and methods)
+    than it was trained with, on the run's own fixed evaluation batches of each of ``splits``
+    ("validation", "test"); ``max_batches`` keeps only the first batches of each (a cheaper
+    curve, the same batches for every model).
+
+    One row per (method, n_steps): the trained method and steps, ``nfe`` (field evaluations
+    per forward pass) and ``val_loss`` / ``test_loss``. Needs the run's final model on disk
+    (``run(..., need_checkpoint=True)``).
+    """
+    import pandas as pd
+
+    from .checkpoints import load_model
+
+    splits = list(splits)
+    unknown = [s for s in splits if s not in SPLIT_COLUMNS]
+    if unknown:
+        raise ValueError(f"split(s) {unknown} not valid; choose from {list(SPLIT_COLUMNS)}")
+    path = checkpoint_path(record.config_hash, checkpoints)
+    if not path.exists():
+        raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}; "
+                                "train it with run(..., need_checkpoint=True)")
+    tc = record.train_config
+    model = load_model(path, device=device)
+    trained = model.cfg.ode
+    batches = {s: eval_batches(tc, s)[:max_batches] for s in splits}  # the batches the run's evaluations used
+    rows = []
+    for method in methods or [trained.method]:
+        for n in eval_steps:
+            model.set_ode(method=method, n_steps=n)
+            losses = {SPLIT_COLUMNS[s]: evaluate(model, b, torch.device(device), contextlib.nullcontext)
+                      for s, b in batches.items()}
+            rows.append({"config_hash": record.config_hash, "seed": record.seed, "trained_method": trained.method,
+                         "trained_steps": trained.n_steps, "method": method, "n_steps": n,
+                         "nfe": model.ode_stats()["nfe"], **losses})
+    model.set_ode(trained)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- fine-tuning at another depth
+
+
+# what each row of depth_transfer's table is
+VARIANTS = {
+    "trained": "the model trained at n steps, evaluated at n",
+    "evaluated": "(a) the model trained at n steps, evaluated at m without training",
+    "finetuned": "(b) the model trained at n steps, fine-tuned at m steps for the short budget",
+    "scratch_short": "(c) trained from scratch at m steps for the short budget",
+    "scratch_full": "(c) trained from scratch at m steps for the full budget",
+}
+
+
+def short_budget(tc: TrainConfig, fraction: float) -> TrainConfig:
+    """``tc`` with its step budget and warmup scaled by ``fraction`` (the same schedule shape)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"budget fraction={fraction!r} is not valid; it must be in (0, 1]")
+    steps = max(1, round(tc.max_steps * fraction))
+    return with_values(tc, {"max_steps": steps, "warmup_steps": round(tc.warmup_steps * fraction),
+                            "eval_interval": min(tc.eval_interval, steps)})
+
+
+def finetune_config(parent: TrainConfig, n_steps: int, fraction: float, lr_scale: float) -> TrainConfig:
+    """The run that fine-tunes ``parent``'s final model at ``n_steps`` solver steps: the same
+    seed (batch order), data and evaluation; ``short_budget(fraction)``; peak learning rate
+    ``parent.lr * lr_scale`` (``lr_scale=min_lr_ratio``: the rate the parent's schedule ended at)."""
+    if lr_scale <= 0:
+        raise ValueError(f"lr_scale={lr_scale!r} is not valid; it must be > 0")
+    parent = with_tokenizer_vocab(parent)
+    short = short_budget(parent, fraction)
+    return with_values(short, {"model": at_depth(parent.model, n_steps), "lr": parent.lr * lr_scale,
+                               "init_from": parent.config_hash()})
+
+
+def transfer_configs(parent: TrainConfig, to_steps: Iterable[int], fraction: float, lr_scale: float
+                     ) -> list[tuple[str, int, TrainConfig]]:
+    """(variant, m, config) of every run ``depth_transfer`` trains for one parent run:
+    ``finetuned``, ``scratch_short`` and ``scratch_full`` at each m of ``to_steps``. Scratch runs
+    keep the parent's seed and learning rate; every run keeps its seed, so each variant is
+    paired with its parent (and with the other variants) by seed."""
+    configs = []
+    for m in to_steps:
+        scratch = with_values(parent, {"model": at_depth(parent.model, m)})
+        configs += [("finetuned", m, finetune_config(parent, m, fraction, lr_scale)),
+                    ("scratch_short", m, short_budget(scratch, fraction)),
+                    ("scratch_full", m, scratch)]
+    return configs
+
+
+def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], seeds: Iterable[int],
+                   to_steps: Iterable[int], fraction: float = 0.1, lr_scale: float = 0.1, lr_selection=None,
+                   store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+                   isolate: bool = True, workers: int = 1, progress: bool = True,
+                   device: str = "cpu") -> "pd.DataFrame":
+    """Fine-tuning at another depth (Tong et al., ICLR 2025), paired over seeds.
+
+    Every arm (a continuous-depth model trained at n = its ``ode.n_steps``; ``lr_selection`` as
+    for ``sweep``) is trained with each seed (or read from the store: with the arms and
+    protocol of notebook 02 these are its runs), then for every m of ``to_steps``:
+    (a) evaluated at m steps, (b) fine-tuned at m for ``fraction`` of the budget at
+    ``lr_scale`` times its rate (``finetune_config``), (c) trained from scratch at m for the same
+    short budget and for the full one. Returns one row per (arm, seed, m, variant) with
+    ``VARIANTS``' names: val_loss, test_loss, steps (training steps of that row's model, the
+    parent's for ``evaluated``), train_time_s, config_hash and parent_hash; the parent itself
+    is the ``trained`` row with m = n.
+    """
+    import pandas as pd
+
+    from .experiment import _selected_arm_configs, record_row
+
+    seeds, to_steps = list(seeds), list(to_steps)
+    parents, _ = _selected_arm_configs(base, dict(arms), seeds, lr_selection)
+    parent_records = _run_all([tc for _, _, tc in parents], store, checkpoints, isolate, True, workers, progress,
+                              labels=[f"{name} seed {seed}" for name, seed, _ in parents])
+    jobs = [(name, seed, parent_tc, variant, m, tc) for name, seed, parent_tc in parents
+            for variant, m, tc in transfer_configs(parent_tc, to_steps, fraction, lr_scale)]
+    records = _run_all([tc for *_, tc in jobs], store, checkpoints, isolate, False, workers, progress,
+                       labels=[f"{name} seed {seed} {variant} m={m}" for name, seed, _, variant, m, _ in jobs])
+    rows = []
+    for (name, seed, parent_tc), parent in zip(parents, parent_records):
+        n = parent_tc.model.ode.n_steps
+        common = {"arm": name, "seed": seed, "trained_steps": n, "parent_hash": parent.config_hash}
+        rows.append({**common, "to_steps": n, "variant": "trained", **_losses(record_row(parent))})
+        curve = depth_curve(parent, to_steps, checkpoints=checkpoints, device=device, splits=("validation", "test"))
+        for _, point in curve.iterrows():
+            rows.append({**common, "to_steps": int(point["n_steps"]), "variant": "evaluated",
+                         "val_loss": point["val_loss"], "test_loss": point["test_loss"],
+                         "steps": len(parent.metrics), "train_time_s": 0.0, "config_hash": parent.config_hash})
+    for (name, seed, _, variant, m, _), record in zip(jobs, records):
+        parent_hash = next(r.config_hash for (a, s, _), r in zip(parents, parent_records) if (a, s) == (name, seed))
+        rows.append({"arm": name, "seed": seed, "trained_steps": None, "parent_hash": parent_hash, "to_steps": m,
+                     "variant": variant, **_losses(record_row(record))})
+    table = pd.DataFrame(rows)
+    table["trained_steps"] = table.groupby(["arm", "seed"])["trained_steps"].transform("first")
+    return table
+
+
+def _losses(row: dict) -> dict:
+    return {k: row[k] for k in ("val_loss", "test_loss", "steps", "train_time_s", "config_hash")}
+
+
+def transfer_summary(table: "pd.DataFrame", metric: str = "test_loss", confidence: float = 0.95) -> "pd.DataFrame":
+    """``depth_transfer``'s table as one row per (arm, m, variant): mean ± CI of ``metric`` over
+    seeds, and the paired difference (fine-tuned - this variant, by seed) with its CI and paired
+    t p-value; ``n`` the seeds. Rows: arms in order, m ascending, variants in ``VARIANTS``' order."""
+    import pandas as pd
+
+    from .stats import mean_ci, paired_test
+
+    rows = []
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    for (arm, m), group in table.groupby(["arm", "to_steps"], sort=False):
+        by_variant = {v: g.set_index("seed")[metric] for v, g in group.groupby("variant")}
+        tuned = by_variant.get("finetuned")
+        for variant in sorted(by_variant, key=order.__getitem__):
+            values = by_variant[variant]
+            ci = mean_ci(values.to_numpy(), confidence)
+            row = {"arm": arm, "to_steps": m, "variant": variant, "n": ci["n"], "mean": ci["mean"],
+                   "ci_low": ci["ci_low"], "ci_high": ci["ci_high"]}
+            if tuned is not None and variant != "finetuned":
+                seeds = sorted(set(tuned.index) & set(values.index))
+                test = paired_test(tuned.loc[seeds].to_numpy(), values.loc[seeds].to_numpy(), confidence)
+                row.update({"finetuned_minus": test["mean_diff"], "diff_ci_low": test["ci_low"],
+                            "diff_ci_high": test["ci_high"], "p_t": test["p_t"]})
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    out["_arm"] = out["arm"].map({a: i for i, a in enumerate(table["arm"].drop_duplicates())})
+    out["_v"] = out["variant"].map(order)
+    return out.sort_values(["_arm", "to_steps", "_v"], kind="stable").drop(columns=["_arm", "_v"]).reset_index(drop=True)
