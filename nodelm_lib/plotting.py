@@ -296,74 +296,160 @@ def plot_reference_lines(ax: plt.Axes, references: dict, **kwargs) -> list:
 
 # --------------------------------------------------------------------------- ablations (notebook 03)
 
+INTERVAL = "mean ± 95% CI over seeds (t)"
+
 
 def steps_solver_arm(arm: str) -> tuple[str, int]:
     """``"rk4 8"`` -> ``("rk4", 8)``: the solver and number of steps of a ``steps_solver``
-    ablation arm (``experiment.ablation_arms`` names them ``"<solver> <n>"``)."""
+    ablation arm (``ablations.ablation_arms`` names them ``"<solver> <n>"``)."""
     solver, _, steps = arm.partition(" ")
     if not steps.isdigit():
         raise ValueError(f"a steps_solver arm is named '<solver> <steps>', e.g. 'euler 4'; got {arm!r}")
     return solver, int(steps)
 
 
-def plot_steps_solver(axes, runs, solvers) -> None:
-    """Two panels over the number of solver steps (log2 axis), a line per solver: test loss
-    (mean ± SD over seeds) and milliseconds per training step (mean). ``runs`` holds the
-    ``steps_solver`` arms, one row per run (columns arm, test_loss, ms_per_step)."""
-    loss_ax, time_ax = axes
+def nfe_per_forward(solver: str, n_steps: int) -> int:
+    """Field evaluations of one forward pass: steps x the solver's stages."""
+    from .ode.tableaus import TABLEAUS
+
+    if solver not in TABLEAUS:
+        raise ValueError(f"solver {solver!r} is not a fixed-step method; choose one of {', '.join(TABLEAUS)}")
+    return n_steps * TABLEAUS[solver].n_stages
+
+
+def _errorbar_by(ax: plt.Axes, x, stats, **kwargs):
+    """Error bars from ``mean_ci`` results (a single seed: no bar)."""
+    means = [s["mean"] for s in stats]
+    halves = [0.0 if np.isnan(s["ci_half"]) else s["ci_half"] for s in stats]
+    return ax.errorbar(x, means, yerr=halves, marker="o", capsize=3, **kwargs)
+
+
+def steps_solver_figure(runs, solvers, title: str | None = None) -> plt.Figure:
+    """The ``steps_solver`` ablation over depth, a line per solver, every point the mean ± 95%
+    CI over seeds: test loss against solver steps, test loss against field evaluations per
+    forward pass (NFE: steps x stages, the cost axis), and milliseconds per training step
+    against NFE. ``runs``: one row per run (arm, seed, test_loss, ms_per_step)."""
+    from .stats import mean_ci
+
     parsed = runs["arm"].map(steps_solver_arm)
-    for solver in solvers:
+    fig, (steps_ax, nfe_ax, time_ax) = plt.subplots(1, 3, figsize=(13, 3.6))
+    for i, solver in enumerate(solvers):
         rows = runs[parsed.str[0] == solver]
-        means = rows.groupby("arm", sort=False)[["test_loss", "ms_per_step"]].agg(["mean", "std"])
-        n = [steps_solver_arm(a)[1] for a in means.index]
-        loss_ax.errorbar(n, means[("test_loss", "mean")], yerr=means[("test_loss", "std")], marker="o",
-                         capsize=3, label=solver)
-        time_ax.plot(n, means[("ms_per_step", "mean")], marker="o", label=solver)
-    for ax, label in zip(axes, ["test loss (mean ± SD over seeds)", "ms per training step"]):
+        arms = list(dict.fromkeys(rows["arm"]))
+        n = [steps_solver_arm(a)[1] for a in arms]
+        nfe = [nfe_per_forward(solver, k) for k in n]
+        loss = [mean_ci(rows.loc[rows["arm"] == a, "test_loss"].astype(float)) for a in arms]
+        time = [mean_ci(rows.loc[rows["arm"] == a, "ms_per_step"].astype(float)) for a in arms]
+        _errorbar_by(steps_ax, n, loss, color=arm_color(i), label=solver)
+        _errorbar_by(nfe_ax, nfe, loss, color=arm_color(i), label=solver)
+        _errorbar_by(time_ax, nfe, time, color=arm_color(i), label=solver)
+    steps_ax.set_xlabel("solver steps (depth)")
+    for ax in (nfe_ax, time_ax):
+        ax.set_xlabel("field evaluations per forward (NFE)")
+    steps_ax.set_ylabel("test loss (nats/token)")
+    nfe_ax.set_ylabel("test loss (nats/token)")
+    time_ax.set_ylabel("ms per training step")
+    for ax in (steps_ax, nfe_ax, time_ax):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("solver steps (depth)")
-        ax.set_ylabel(label)
-        ax.legend()
-
-
-def ablation_figure(name: str, runs, arms, solvers=(), title: str | None = None) -> plt.Figure:
-    """The figure of one ablation of notebook 03: for ``steps_solver`` the two panels of
-    ``plot_steps_solver``; for the others test loss per arm (``plot_arm_metric``, arms in the
-    order given, every seed a dot)."""
-    if name == "steps_solver":
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-        plot_steps_solver(axes, runs, solvers)
-    else:
-        fig, ax = plt.subplots(figsize=(4.5, 3.4))
-        plot_arm_metric(ax, runs, "test_loss", list(arms), "test loss (nats/token)")
+        ax.legend(title=INTERVAL, fontsize=7, title_fontsize=7)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     return fig
 
 
+def ablation_differences_figure(tests: dict, title: str | None = None) -> plt.Figure:
+    """The two- and three-arm ablations in one panel: for every arm, its test loss minus its
+    ablation's reference, paired by seed (``tests``: ablation -> ``stats.compare_arms`` table),
+    as the mean difference with its 95% t-interval; left of zero the arm is better. Each row
+    names the arm, the reference and the Holm-adjusted paired-t p of its ablation."""
+    labels, rows = [], []
+    for name, table in tests.items():
+        for _, row in table.iterrows():
+            labels.append(f"{name}: {row['arm']} − {row['reference']}\n(n={int(row['n'])}, p_Holm={row['p_t_holm']:.2g})")
+            rows.append((name, row))
+    fig, ax = plt.subplots(figsize=(6.5, 0.55 * len(rows) + 1.4))
+    names = list(tests)
+    y = np.arange(len(rows))[::-1]
+    for yi, (name, row) in zip(y, rows):
+        ax.errorbar(row["mean_diff"], yi, xerr=[[row["mean_diff"] - row["ci_low"]], [row["ci_high"] - row["mean_diff"]]],
+                    fmt="o", capsize=4, color=arm_color(names.index(name)))
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel("Δ test loss vs the reference (nats/token)\npaired mean difference and its 95% CI (t)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def depth_curve_means(depth):
     """Validation loss per (trained arm, evaluation method, steps, NFE), mean over seeds, from
-    ``experiment.depth_curve`` rows with an ``arm`` column; rows in order of first appearance."""
+    ``ablations.depth_curve`` rows with an ``arm`` column; rows in order of first appearance."""
     keys = ["arm", "method", "n_steps", "nfe"]
     return depth.groupby(keys, sort=False)["val_loss"].mean().reset_index()
 
 
 def depth_curve_figure(depth, solvers, arms) -> plt.Figure:
-    """The adaptive-depth curve: one panel per evaluation solver, validation loss (mean over
-    seeds) against field evaluations per forward pass (log2 axis), a line per trained arm (in
-    the order of ``arms``). A flat curve past the trained steps means the model learned a flow."""
-    mean = depth_curve_means(depth)
-    fig, axes = plt.subplots(1, len(solvers), figsize=(4.5 * len(solvers), 3.4), sharey=True, squeeze=False)
+    """The adaptive-depth curve: one panel per evaluation solver, validation loss (mean ± 95% CI
+    over seeds) against field evaluations per forward pass (log2 axis), a line per trained arm
+    (in the order of ``arms``), and a ring where the arm's own solver and steps are (from the
+    rows' ``trained_method`` / ``trained_steps``). A flat curve past the trained steps means
+    the model learned a flow."""
+    from .stats import mean_ci
+
+    fig, axes = plt.subplots(1, len(solvers), figsize=(4.8 * len(solvers), 3.6), sharey=True, squeeze=False)
     for ax, method in zip(axes[0], solvers):
         for i, arm in enumerate(arms):
-            rows = mean[(mean["arm"] == arm) & (mean["method"] == method)]
-            ax.plot(rows["nfe"], rows["val_loss"], marker="o", color=arm_color(i), label=f"trained {arm}")
+            rows = depth[(depth["arm"] == arm) & (depth["method"] == method)]
+            points = list(dict.fromkeys(rows["n_steps"]))
+            stats = [mean_ci(rows.loc[rows["n_steps"] == n, "val_loss"].astype(float)) for n in points]
+            nfe = [int(rows.loc[rows["n_steps"] == n, "nfe"].iloc[0]) for n in points]
+            _errorbar_by(ax, nfe, stats, color=arm_color(i), label=f"trained {arm}", markersize=4)
+            trained = rows[(rows["trained_method"] == method) & (rows["n_steps"] == rows["trained_steps"])]
+            if len(trained):
+                ax.plot(int(trained["nfe"].iloc[0]), float(trained["val_loss"].mean()), marker="o", markersize=11,
+                        markerfacecolor="none", markeredgecolor=arm_color(i), linestyle="none")
         ax.set_xscale("log", base=2)
         ax.set_xlabel(f"NFE per forward ({method} at evaluation)")
         ax.set_title(f"evaluated with {method}")
-    axes[0][0].set_ylabel("validation loss (mean over seeds)")
+    axes[0][0].set_ylabel(f"validation loss\n({INTERVAL})")
+    axes[0][-1].legend(fontsize=7, title="ring: the solver and steps it was trained with", title_fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def depth_transfer_figure(summary, title: str | None = None) -> plt.Figure:
+    """Fine-tuning at another depth (``ablations.transfer_summary``'s table): a panel per
+    trained arch, test loss (mean ± 95% CI over seeds) against the target depth m (log2 axis)
+    for each variant (evaluated at m, fine-tuned at m, trained from scratch at m for the short
+    and the full budget), and the trained model at its own depth as a star."""
+    from .ablations import VARIANTS
+
+    archs = list(dict.fromkeys(summary["arm"]))
+    fig, axes = plt.subplots(1, len(archs), figsize=(5.2 * len(archs), 3.8), squeeze=False)
+    variants = [v for v in VARIANTS if v != "trained"]
+    for ax, arch in zip(axes[0], archs):
+        rows = summary[summary["arm"] == arch]
+        for i, variant in enumerate(variants):
+            part = rows[rows["variant"] == variant]
+            shift = 2 ** (0.06 * (i - (len(variants) - 1) / 2))  # side by side on the log axis
+            ax.errorbar(part["to_steps"] * shift, part["mean"],
+                        yerr=[part["mean"] - part["ci_low"], part["ci_high"] - part["mean"]],
+                        marker="o", capsize=3, linestyle="none", color=arm_color(i), label=variant)
+        trained = rows[rows["variant"] == "trained"]
+        ax.errorbar(trained["to_steps"], trained["mean"],
+                    yerr=[trained["mean"] - trained["ci_low"], trained["ci_high"] - trained["mean"]],
+                    marker="*", markersize=12, capsize=3, linestyle="none", color="black", label="trained (at n)")
+        ax.set_xscale("log", base=2)
+        steps = sorted(set(rows["to_steps"]))
+        ax.set_xticks(steps, [str(s) for s in steps])
+        ax.set_xlabel("solver steps m")
+        ax.set_title(arch)
+    axes[0][0].set_ylabel(f"test loss (nats/token)\n{INTERVAL}")
     axes[0][-1].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     return fig
 

@@ -209,3 +209,20 @@ def export_table(df: pd.DataFrame, path_stem) -> list[Path]:
     for path, text in zip(paths, texts):
         atomic_write_text(path, text)
     return paths
+
+
+def transfer_table(summary: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """Display copy of ``ablations.transfer_summary``: one row per (arch, m, variant) with the
+    test loss as ``mean ± CI``, the paired difference fine-tuned − variant as ``mean ± CI``
+    and its paired-t p (``–`` on the fine-tuned rows themselves and where there is none)."""
+    require_columns(summary, ["arm", "to_steps", "variant", "n", "mean", "ci_low", "ci_high"])
+    out = pd.DataFrame({"arch": summary["arm"], "m": summary["to_steps"], "variant": summary["variant"],
+                        "seeds": summary["n"]})
+    out["test loss"] = [format_mean_ci(mu, hi - mu, digits)
+                        for mu, hi in zip(summary["mean"], summary["ci_high"])]
+    diff = summary.get("finetuned_minus", pd.Series(float("nan"), index=summary.index))
+    high = summary.get("diff_ci_high", pd.Series(float("nan"), index=summary.index))
+    p = summary.get("p_t", pd.Series(float("nan"), index=summary.index))
+    out["fine-tuned − this"] = [format_mean_ci(d, h - d, digits) for d, h in zip(diff, high)]
+    out["p (paired t)"] = ["–" if pd.isna(v) else f"{v:.3g}" for v in p]
+    return out

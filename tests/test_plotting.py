@@ -254,22 +254,27 @@ def ablation_runs():
     return pd.DataFrame(rows)
 
 
-def test_steps_solver_figure_draws_loss_and_time_per_solver(tmp_path):
+def test_steps_solver_figure_draws_loss_against_steps_and_nfe_and_time_per_solver(tmp_path):
     import numpy as np
 
-    from nodelm_lib.plotting import ablation_figure, save_figure
+    from nodelm_lib.plotting import save_figure, steps_solver_figure
 
-    fig = ablation_figure("steps_solver", ablation_runs(), arms=None, solvers=["euler", "rk4"], title="ablation: x")
-    loss_ax, time_ax = fig.axes
+    fig = steps_solver_figure(ablation_runs(), ["euler", "rk4"], title="ablation: x")
+    steps_ax, nfe_ax, time_ax = fig.axes
     assert fig._suptitle.get_text() == "ablation: x"
-    assert [t.get_text() for t in loss_ax.get_legend().get_texts()] == ["euler", "rk4"]
-    assert loss_ax.get_ylabel() == "test loss (mean ± SD over seeds)" and time_ax.get_ylabel() == "ms per training step"
-    assert loss_ax.get_xscale() == time_ax.get_xscale() == "log"
-    euler, rk4 = (bars.lines[0] for bars in loss_ax.containers)  # the data lines of the two error bars
+    assert [t.get_text() for t in steps_ax.get_legend().get_texts()] == ["euler", "rk4"]
+    assert steps_ax.get_legend().get_title().get_text() == "mean ± 95% CI over seeds (t)"
+    assert nfe_ax.get_xlabel() == time_ax.get_xlabel() == "field evaluations per forward (NFE)"
+    assert {ax.get_xscale() for ax in fig.axes} == {"log"}
+    euler, rk4 = (bars.lines[0] for bars in steps_ax.containers)  # the data lines of the two error bars
     assert list(euler.get_xdata()) == [1, 2, 4]
     np.testing.assert_allclose(np.asarray(euler.get_ydata(), float), [2.11, 2.21, 2.41])  # mean of the two seeds
     np.testing.assert_allclose(np.asarray(rk4.get_ydata(), float), [2.21, 2.31, 2.51])
-    np.testing.assert_allclose(np.asarray(time_ax.lines[1].get_ydata(), float), [40, 80, 160])
+    assert list(nfe_ax.containers[1].lines[0].get_xdata()) == [4, 8, 16]  # rk4: 4 stages per step
+    # the 95% t-interval of two seeds 0.02 apart: t_{0.975,1} * 0.01 * sqrt(2) / sqrt(2)
+    (caps_low, caps_high) = steps_ax.containers[0].lines[1][:2]
+    np.testing.assert_allclose(caps_high.get_ydata()[0] - 2.11, 12.706205 * 0.01, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(time_ax.containers[1].lines[0].get_ydata(), float), [40, 80, 160])
     paths = save_figure(fig, tmp_path / "ablation_steps_solver")
     assert [p.name for p in paths] == ["ablation_steps_solver.png", "ablation_steps_solver.pdf"]
     assert all(p.stat().st_size > 0 for p in paths)
@@ -279,26 +284,43 @@ def test_steps_solver_figure_draws_loss_and_time_per_solver(tmp_path):
 def test_steps_solver_arms_must_name_solver_and_steps():
     import pytest
 
-    from nodelm_lib.plotting import ablation_figure, steps_solver_arm
+    from nodelm_lib.plotting import nfe_per_forward, steps_solver_arm, steps_solver_figure
 
     assert steps_solver_arm("rk4 16") == ("rk4", 16)
+    assert nfe_per_forward("rk4", 16) == 64 and nfe_per_forward("euler", 3) == 3
+    with pytest.raises(ValueError, match="'dopri5'"):
+        nfe_per_forward("dopri5", 2)
     runs = ablation_runs().replace({"arm": {"euler 1": "time"}})
     with pytest.raises(ValueError, match=r"'<solver> <steps>', e.g. 'euler 4'; got 'time'"):
-        ablation_figure("steps_solver", runs, arms=None, solvers=["euler"])
+        steps_solver_figure(runs, ["euler"])
     plt.close("all")
 
 
-def test_other_ablations_show_each_arm_in_the_given_order():
-    from nodelm_lib.plotting import ablation_figure
+def test_ablation_differences_figure_draws_each_paired_difference_with_its_interval():
+    import numpy as np
+    import pandas as pd
 
-    runs = ablation_runs()
-    runs = runs[runs["arm"].isin(["euler 2", "euler 1"])]
-    fig = ablation_figure("modulation", runs, arms=["euler 2", "euler 1"])
+    from nodelm_lib import stats
+    from nodelm_lib.plotting import ablation_differences_figure
+
+    runs = pd.DataFrame({"arm": ["time"] * 3 + ["constant"] * 3, "seed": [0, 1, 2] * 2,
+                         "test_loss": [2.0, 2.1, 2.2, 2.1, 2.25, 2.3]})
+    tests = {"modulation": stats.compare_arms(runs, "test_loss", "time")}
+    fig = ablation_differences_figure(tests, title="t")
     (ax,) = fig.axes
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["euler 2", "euler 1"]
-    assert ax.get_ylabel() == "test loss (nats/token)"
-    assert fig._suptitle is None
+    assert [t.get_text().split("\n")[0] for t in ax.get_yticklabels()] == ["modulation: constant − time"]
+    (bars,) = ax.containers
+    np.testing.assert_allclose(np.asarray(bars.lines[0].get_xdata(), float), [tests["modulation"]["mean_diff"].iloc[0]])
+    low, high = (float(np.asarray(line.get_xdata(), float)[0]) for line in bars.lines[1][:2])
+    assert (low, high) == pytest_approx((tests["modulation"]["ci_low"].iloc[0], tests["modulation"]["ci_high"].iloc[0]))
+    assert any(np.asarray(line.get_xdata(), float)[0] == 0.0 for line in ax.lines)  # the zero line
     plt.close(fig)
+
+
+def pytest_approx(values):
+    import pytest
+
+    return pytest.approx(values)
 
 
 def test_depth_curve_figure_has_a_panel_per_solver_and_a_line_per_trained_arm():
@@ -308,6 +330,7 @@ def test_depth_curve_figure_has_a_panel_per_solver_and_a_line_per_trained_arm():
     from nodelm_lib.plotting import depth_curve_figure, depth_curve_means
 
     rows = [{"arm": arm, "seed": s, "method": method, "n_steps": n, "nfe": n * (4 if method == "rk4" else 1),
+             "trained_method": arm.split()[0], "trained_steps": 2,
              "val_loss": 2.0 + 0.1 * n + (0.5 if method == "rk4" else 0) + (0.2 if arm == "rk4 2" else 0) + 0.01 * s}
             for arm in ("euler 2", "rk4 2") for s in (0, 1) for method in ("euler", "rk4") for n in (1, 2, 4)]
     depth = pd.DataFrame(rows)
@@ -316,12 +339,39 @@ def test_depth_curve_figure_has_a_panel_per_solver_and_a_line_per_trained_arm():
     fig = depth_curve_figure(depth, ["euler", "rk4"], ["euler 2", "rk4 2"])
     assert [ax.get_title() for ax in fig.axes] == ["evaluated with euler", "evaluated with rk4"]
     for ax in fig.axes:
-        assert len(ax.lines) == 2 and ax.get_xscale() == "log"
+        assert len(ax.containers) == 2 and ax.get_xscale() == "log"
     rk4_panel = fig.axes[1]
-    assert list(rk4_panel.lines[0].get_xdata()) == [4, 8, 16]  # NFE: 4 stages per step
-    np.testing.assert_allclose(np.asarray(rk4_panel.lines[1].get_ydata(), float), [2.805, 2.905, 3.105])  # trained rk4 2, seed mean
+    assert list(rk4_panel.containers[0].lines[0].get_xdata()) == [4, 8, 16]  # NFE: 4 stages per step
+    np.testing.assert_allclose(np.asarray(rk4_panel.containers[1].lines[0].get_ydata(), float),
+                               [2.805, 2.905, 3.105])  # trained rk4 2, seed mean
+    # one ring per panel: euler 2's on the euler panel, rk4 2's on the rk4 panel, at NFE 2 and 8
+    rings = [[(line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines if line.get_markersize() == 11]
+             for ax in fig.axes]
+    assert rings == [[(2, pytest_approx(2.205))], [(8, pytest_approx(2.905))]]
     assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["trained euler 2", "trained rk4 2"]
-    assert fig.axes[0].get_ylabel() == "validation loss (mean over seeds)"
+    assert fig.axes[0].get_ylabel() == "validation loss\n(mean ± 95% CI over seeds (t))"
+    plt.close(fig)
+
+
+def test_depth_transfer_figure_has_a_panel_per_arch_and_a_star_at_the_trained_depth():
+    import pandas as pd
+
+    from nodelm_lib.plotting import depth_transfer_figure
+
+    rows = [{"arm": arch, "to_steps": m, "variant": v, "n": 3, "mean": 2.0 + 0.1 * i, "ci_low": 1.9 + 0.1 * i,
+             "ci_high": 2.1 + 0.1 * i}
+            for arch in ("node", "ti_mlp") for m in (2, 8)
+            for i, v in enumerate(["evaluated", "finetuned", "scratch_short", "scratch_full"])]
+    rows += [{"arm": arch, "to_steps": 4, "variant": "trained", "n": 3, "mean": 1.8, "ci_low": 1.7, "ci_high": 1.9}
+             for arch in ("node", "ti_mlp")]
+    fig = depth_transfer_figure(pd.DataFrame(rows), title="x")
+    assert [ax.get_title() for ax in fig.axes] == ["node", "ti_mlp"]
+    node = fig.axes[0]
+    assert len(node.containers) == 5
+    star = node.containers[-1].lines[0]
+    assert star.get_marker() == "*" and list(star.get_xdata()) == [4] and list(star.get_ydata()) == [1.8]
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == [
+        "evaluated", "finetuned", "scratch_short", "scratch_full", "trained (at n)"]
     plt.close(fig)
 
 

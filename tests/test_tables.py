@@ -74,3 +74,18 @@ def test_export_table_overwrites(tmp_path):
     tb.export_table(pd.DataFrame({"x": [2.0]}), tmp_path / "t")
     assert (tmp_path / "t.md").read_text() == "| x |\n|---:|\n| 2 |\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.md", "t.tex"]
+
+
+def test_transfer_table_shows_each_variant_and_the_paired_difference_to_fine_tuning():
+    summary = pd.DataFrame([
+        {"arm": "node", "to_steps": 2, "variant": "evaluated", "n": 3, "mean": 2.5, "ci_low": 2.4, "ci_high": 2.6,
+         "finetuned_minus": -0.4, "diff_ci_low": -0.5, "diff_ci_high": -0.3, "p_t": 0.0123},
+        {"arm": "node", "to_steps": 2, "variant": "finetuned", "n": 3, "mean": 2.1, "ci_low": 2.05, "ci_high": 2.15,
+         "finetuned_minus": np.nan, "diff_ci_low": np.nan, "diff_ci_high": np.nan, "p_t": np.nan},
+    ])
+    table = tb.transfer_table(summary, digits=2)
+    assert list(table.columns) == ["arch", "m", "variant", "seeds", "test loss", "fine-tuned − this", "p (paired t)"]
+    assert table["test loss"].tolist() == ["2.50 ± 0.10", "2.10 ± 0.05"]
+    assert table["fine-tuned − this"].tolist() == ["-0.40 ± 0.10", "–"]
+    assert table["p (paired t)"].tolist() == ["0.0123", "–"]
+    assert "fine-tuned" in tb.markdown_table(table).splitlines()[0]
