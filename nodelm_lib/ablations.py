@@ -23,22 +23,18 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import torch
 
-from .config import ModelConfig, TrainConfig, for_arch, with_values
+from .config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
 from .experiment import DEFAULT_CHECKPOINTS, DEFAULT_STORE, _run_all, checkpoint_path, selected_lrs
 from .train import RunRecord, eval_batches, evaluate, with_tokenizer_vocab
 
 if TYPE_CHECKING:
     import pandas as pd
 
-# the architectures whose depth is a number of solver steps of one time-dependent field
-CONTINUOUS_DEPTH = ("node", "ti_mlp", "ti_ssm")
-
-
 def at_depth(model: ModelConfig, n_steps: int, method: str | None = None) -> ModelConfig:
     """``model`` solved with ``n_steps`` steps (of ``method``, default its own): its depth
     (``n_layers``) is the number of steps. The weights are the same for every depth."""
-    if model.arch not in CONTINUOUS_DEPTH:
-        raise ValueError(f"at_depth needs a continuous-depth arch ({', '.join(CONTINUOUS_DEPTH)}), got {model.arch!r}")
+    if model.arch not in CONTINUOUS_ARCHS:
+        raise ValueError(f"at_depth needs a continuous-depth arch ({', '.join(CONTINUOUS_ARCHS)}), got {model.arch!r}")
     ode = dataclasses.replace(model.ode, method=method or model.ode.method, n_steps=n_steps)
     return dataclasses.replace(model, n_layers=n_steps, ode=ode)
 
@@ -227,23 +223,19 @@ def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], see
             for variant, m, tc in transfer_configs(parent_tc, to_steps, fraction, lr_scale)]
     records = _run_all([tc for *_, tc in jobs], store, checkpoints, isolate, False, workers, progress,
                        labels=[f"{name} seed {seed} {variant} m={m}" for name, seed, _, variant, m, _ in jobs])
-    rows = []
+    rows, parent_of = [], {}
     for (name, seed, parent_tc), parent in zip(parents, parent_records):
         n = parent_tc.model.ode.n_steps
-        common = {"arm": name, "seed": seed, "trained_steps": n, "parent_hash": parent.config_hash}
-        rows.append({**common, "to_steps": n, "variant": "trained", **_losses(record_row(parent))})
+        parent_of[name, seed] = {"arm": name, "seed": seed, "trained_steps": n, "parent_hash": parent.config_hash}
+        rows.append({**parent_of[name, seed], "to_steps": n, "variant": "trained", **_losses(record_row(parent))})
         curve = depth_curve(parent, to_steps, checkpoints=checkpoints, device=device, splits=("validation", "test"))
         for _, point in curve.iterrows():
-            rows.append({**common, "to_steps": int(point["n_steps"]), "variant": "evaluated",
+            rows.append({**parent_of[name, seed], "to_steps": int(point["n_steps"]), "variant": "evaluated",
                          "val_loss": point["val_loss"], "test_loss": point["test_loss"],
                          "steps": len(parent.metrics), "train_time_s": 0.0, "config_hash": parent.config_hash})
     for (name, seed, _, variant, m, _), record in zip(jobs, records):
-        parent_hash = next(r.config_hash for (a, s, _), r in zip(parents, parent_records) if (a, s) == (name, seed))
-        rows.append({"arm": name, "seed": seed, "trained_steps": None, "parent_hash": parent_hash, "to_steps": m,
-                     "variant": variant, **_losses(record_row(record))})
-    table = pd.DataFrame(rows)
-    table["trained_steps"] = table.groupby(["arm", "seed"])["trained_steps"].transform("first")
-    return table
+        rows.append({**parent_of[name, seed], "to_steps": m, "variant": variant, **_losses(record_row(record))})
+    return pd.DataFrame(rows)
 
 
 def _losses(row: dict) -> dict:

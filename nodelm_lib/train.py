@@ -48,6 +48,7 @@ from .config import TrainConfig, from_dict, to_dict
 from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch, split_windows
 from .distributed import SINGLE, Context
 from .files import atomic_write, atomic_write_text
+from .checkpoints import read_checkpoint
 from .models import CausalLM, build_model
 from .profiling import cpu_description, forward_flops_per_token, saved_tensor_bytes
 
@@ -408,7 +409,7 @@ def load_parent_weights(model: CausalLM, tc: TrainConfig) -> None:
     if not path.exists():
         raise FileNotFoundError(f"no final model of parent run {tc.init_from} at {path}; train it first "
                                 "(experiment.run(..., need_checkpoint=True))")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_checkpoint(path)  # the checks of a model file (tensors and plain data only)
     parent = state["model_config"]
     child = to_dict(tc.model) | {"vocab_size": model.cfg.vocab_size}
     differ = sorted(k for k in child if k not in DEPTH_FIELDS and parent.get(k) != child[k])
