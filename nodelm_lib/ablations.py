@@ -179,23 +179,32 @@ def finetune_config(parent: TrainConfig, n_steps: int, fraction: float, lr_scale
                                "init_from": parent.config_hash()})
 
 
-def transfer_configs(parent: TrainConfig, to_steps: Iterable[int], fraction: float, lr_scale: float
-                     ) -> list[tuple[str, int, TrainConfig]]:
+def transfer_configs(parent: TrainConfig, to_steps: Iterable[int], fraction: float, lr_scale: float,
+                     full_at: Iterable[int] | None = None) -> list[tuple[str, int, TrainConfig]]:
     """(variant, m, config) of every run ``depth_transfer`` trains for one parent run:
-    ``finetuned``, ``scratch_short`` and ``scratch_full`` at each m of ``to_steps``. Scratch runs
-    keep the parent's seed and learning rate; every run keeps its seed, so each variant is
-    paired with its parent (and with the other variants) by seed."""
+    ``finetuned`` and ``scratch_short`` at each m of ``to_steps``, ``scratch_full`` at each m of
+    ``full_at`` (default: every m; the full budget is the expensive one, so a time-bound profile
+    may train it at some depths only). Scratch runs keep the parent's seed and learning rate;
+    every run keeps its seed, so each variant is paired with its parent (and with the other
+    variants) by seed."""
+    to_steps = list(to_steps)
+    full_at = set(to_steps if full_at is None else full_at)
+    if not full_at <= set(to_steps):
+        raise ValueError(f"full-budget depths {sorted(full_at - set(to_steps))} are not among "
+                         f"the transfer depths {to_steps}")
     configs = []
     for m in to_steps:
         scratch = with_values(parent, {"model": at_depth(parent.model, m)})
         configs += [("finetuned", m, finetune_config(parent, m, fraction, lr_scale)),
-                    ("scratch_short", m, short_budget(scratch, fraction)),
-                    ("scratch_full", m, scratch)]
+                    ("scratch_short", m, short_budget(scratch, fraction))]
+        if m in full_at:
+            configs.append(("scratch_full", m, scratch))
     return configs
 
 
 def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], seeds: Iterable[int],
                    to_steps: Iterable[int], fraction: float = 0.1, lr_scale: float = 0.1, lr_selection=None,
+                   full_budget: Mapping[str, Iterable[int]] | None = None,
                    store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
                    isolate: bool = True, workers: int = 1, progress: bool = True,
                    device: str = "cpu") -> "pd.DataFrame":
@@ -206,7 +215,8 @@ def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], see
     protocol of notebook 02 these are its runs), then for every m of ``to_steps``:
     (a) evaluated at m steps, (b) fine-tuned at m for ``fraction`` of the budget at
     ``lr_scale`` times its rate (``finetune_config``), (c) trained from scratch at m for the same
-    short budget and for the full one. Returns one row per (arm, seed, m, variant) with
+    short budget and for the full one (only at the m's that ``full_budget[arm]`` lists, where
+    given: an arm it does not name gets every m). Returns one row per (arm, seed, m, variant) with
     ``VARIANTS``' names: val_loss, test_loss, steps (training steps of that row's model, the
     parent's for ``evaluated``), train_time_s, config_hash and parent_hash; the parent itself
     is the ``trained`` row with m = n.
@@ -216,11 +226,14 @@ def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], see
     from .experiment import _selected_arm_configs, record_row
 
     seeds, to_steps = list(seeds), list(to_steps)
+    full_budget = dict(full_budget or {})
+    if unknown := set(full_budget) - set(arms):
+        raise ValueError(f"full_budget names arms {sorted(unknown)} that are not transfer arms {list(arms)}")
     parents, _ = _selected_arm_configs(base, dict(arms), seeds, lr_selection)
     parent_records = _run_all([tc for _, _, tc in parents], store, checkpoints, isolate, True, workers, progress,
                               labels=[f"{name} seed {seed}" for name, seed, _ in parents])
     jobs = [(name, seed, parent_tc, variant, m, tc) for name, seed, parent_tc in parents
-            for variant, m, tc in transfer_configs(parent_tc, to_steps, fraction, lr_scale)]
+            for variant, m, tc in transfer_configs(parent_tc, to_steps, fraction, lr_scale, full_budget.get(name))]
     records = _run_all([tc for *_, tc in jobs], store, checkpoints, isolate, False, workers, progress,
                        labels=[f"{name} seed {seed} {variant} m={m}" for name, seed, _, variant, m, _ in jobs])
     rows, parent_of = [], {}

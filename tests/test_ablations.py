@@ -138,3 +138,17 @@ def test_depth_transfer_pairs_every_variant_with_its_parent_by_seed(tmp_path):
     row = summary[(summary["to_steps"] == 1) & (summary["variant"] == "scratch_short")].iloc[0]
     pairs = table[table["to_steps"] == 1].pivot(index="seed", columns="variant", values="test_loss")
     assert row["finetuned_minus"] == pytest.approx((pairs["finetuned"] - pairs["scratch_short"]).mean())
+
+
+def test_full_budget_scratch_runs_only_at_the_listed_depths():
+    parent = tiny_ti_mlp()
+    every = [(v, m) for v, m, _ in ablations.transfer_configs(parent, [1, 3], 0.5, 0.1)]
+    assert every == [("finetuned", 1), ("scratch_short", 1), ("scratch_full", 1),
+                     ("finetuned", 3), ("scratch_short", 3), ("scratch_full", 3)]
+    some = [(v, m) for v, m, _ in ablations.transfer_configs(parent, [1, 3], 0.5, 0.1, full_at=[1])]
+    assert some == [("finetuned", 1), ("scratch_short", 1), ("scratch_full", 1),
+                    ("finetuned", 3), ("scratch_short", 3)]
+    with pytest.raises(ValueError, match=r"\[8\].*\[1, 3\]"):
+        ablations.transfer_configs(parent, [1, 3], 0.5, 0.1, full_at=[8])
+    with pytest.raises(ValueError, match="node"):
+        ablations.depth_transfer(parent, {"ti_mlp": {"model": parent.model}}, [0], [1], full_budget={"node": [1]})
