@@ -39,8 +39,11 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
@@ -56,6 +59,8 @@ from .train import (CHECKPOINT_NAME, RECORD_NAME, RunRecord, train,
 
 # the environment variable through which a sweep tells an isolated run how many threads to use
 THREADS_ENV = "NODELM_NUM_THREADS"
+# the pid of the sweep that started an isolated run: the run stops when that process is gone
+PARENT_ENV = "NODELM_PARENT_PID"
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where used: `import nodelm_lib` stays light (child processes)
@@ -151,6 +156,7 @@ def _train_in_subprocess(tc: TrainConfig, out_dir: Path, threads: int | None = N
     log = out_dir / "train.log"
     (out_dir / RECORD_NAME).unlink(missing_ok=True)  # what we read back must be this child's
     env = os.environ.copy()
+    env[PARENT_ENV] = str(os.getpid())
     if threads is not None:
         env.update({THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads)})
     with open(log, "w") as log_file:
@@ -509,9 +515,31 @@ def time_to_target(curves_df: pd.DataFrame, target: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def stop_when_parent_dies(parent_pid: int, poll_s: float = 1.0) -> threading.Thread:
+    """Send this process SIGTERM once ``parent_pid`` is no longer its parent.
+
+    An isolated run whose sweep was killed (SIGKILL, a restarted notebook kernel) would otherwise
+    train on, orphaned: the sweep's claim names the dead sweep, so a restarted sweep takes it over
+    as stale and trains the same hash a second time beside it. The run stops at once instead and
+    its last checkpoint resumes it. A daemon thread polls ``os.getppid()`` (an orphan is adopted
+    by init or a subreaper), which works on every POSIX system, unlike Linux's PR_SET_PDEATHSIG
+    (which also fires when the parent *thread* that started the child exits)."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        print(f"the sweep that started this run (pid {parent_pid}) is gone: stopping", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="stop-when-parent-dies", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m nodelm_lib.experiment CONFIG.json``: one training run (``run(isolate=True)``'s child)."""
     (config_file,) = argv if argv is not None else sys.argv[1:]
+    if os.environ.get(PARENT_ENV):
+        stop_when_parent_dies(int(os.environ[PARENT_ENV]))
     if os.environ.get(THREADS_ENV):
         torch.set_num_threads(int(os.environ[THREADS_ENV]))
     tc = from_dict(TrainConfig, json.loads(Path(config_file).read_text()))

@@ -246,3 +246,53 @@ def test_report_table_shows_mean_ci_and_the_paired_comparison():
     expected = stats.compare_arms(runs, "test_loss", "a").iloc[0]
     assert table.loc["b", "p (paired t, Holm)"] == f"{expected['p_t_holm']:.3g}"
 
+
+
+ORPHAN_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import nodelm_lib as nl
+from test_experiment import tiny
+nl.run(tiny(max_steps=10**6, eval_interval=10**5), store={store!r}, checkpoints={ckpt!r}, isolate=True)
+"""
+
+
+def _pids_running(needle: str) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if needle in cmdline.read_bytes().decode(errors="replace"):
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # the process ended while we looked
+            pass
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the training process through /proc")
+def test_an_isolated_run_stops_when_its_sweep_is_killed(tmp_path):
+    """A sweep killed hard must not leave its run training on: the restarted sweep would take over
+    the dead sweep's claim and train the same hash a second time beside the orphan."""
+    store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    long_run = tiny(max_steps=10**6, eval_interval=10**5)
+    config_file = ckpt / experiment.with_tokenizer_vocab(long_run).config_hash() / "config.json"
+    script = ORPHAN_SCRIPT.format(tests=str(REPO / "tests"), store=str(store), ckpt=str(ckpt))
+    sweep = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+    children = []
+    try:
+        deadline = time.time() + 120
+        while not children:
+            assert sweep.poll() is None, "the sweep stopped before its run started"
+            assert time.time() < deadline, "the isolated run never started"
+            time.sleep(0.1)
+            children = _pids_running(str(config_file.parent)) if config_file.exists() else []
+        time.sleep(1.0)  # past the child's start-up, into training
+        sweep.kill()
+        sweep.wait()
+        deadline = time.time() + 20
+        while _pids_running(str(config_file.parent)) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _pids_running(str(config_file.parent)), "the run trained on after its sweep was killed"
+    finally:
+        sweep.kill()
+        for pid in _pids_running(str(config_file.parent)):
+            os.kill(pid, signal.SIGKILL)
