@@ -11,6 +11,7 @@ __version__ = "0.1.0"  # set before the imports below: train.py records it
 
 from .config import PRESETS, ModelConfig, ODEConfig, TrainConfig, apply_overrides, load_yaml, model_preset, save_yaml
 from .models import build_model, count_params, match_params
+from . import nn  # noqa: F401  (nl.nn: every layer under one name; they live in layers.py, time_layers.py, ...)
 from .ode import (Backsolve, Checkpoint, Direct, GradientMethod, Interpolating, Quadrature, Reversible,
                   SolverCounters, SolveStats, odeint)
 from .generate import generate

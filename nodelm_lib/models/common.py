@@ -18,9 +18,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import CONTINUOUS_ARCHS, ModelConfig, ODEConfig
-from ..nn import DecodeCache, active_cache, linear_cross_entropy, time_grid
+from ..decode_cache import DecodeCache, active_cache
+from ..losses import linear_cross_entropy
 from ..ode import FIXED_STEP_METHODS, Solver, SolverCounters, gradient_method
 from ..ode.tableaus import TABLEAUS
+from ..time_grid import time_grid
 
 
 class CausalLM(nn.Module):
@@ -218,7 +220,7 @@ class ODEBlock(nn.Module):
 
     def field_times(self, x: torch.Tensor) -> torch.Tensor | None:
         """Every t at which a solve of ``x`` evaluates the field, when they are known before it
-        starts, so that weights may be generated for all of them at once (``nn.TimeGrid``): an
+        starts, so that weights may be generated for all of them at once (``time_grid.TimeGrid``): an
         explicit Runge-Kutta method and not decoding (its cache keeps weights per call site);
         else None. ``forward`` opens the grid only for backprop through the solve (``direct``)
         or no gradient at all: the other gradient methods evaluate the field again in
