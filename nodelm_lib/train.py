@@ -79,7 +79,7 @@ class RunRecord:
     wall_time_s: float = 0.0
     train_time_s: float = 0.0
     tokens_per_s: float = 0.0
-    peak_memory_mb: float = 0.0
+    peak_memory_mb: float = 0.0  # process_peak_memory_mb at the end of the run
     # compile=True: seconds of this process's first training step, which traces and compiles the
     # forward and backward graphs (one step's own compute included); 0 for an eager run
     compile_time_s: float = 0.0
@@ -288,8 +288,11 @@ def environment(device: torch.device, ctx: Context = SINGLE) -> dict:
     return env
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak CUDA memory allocated, or on CPU the process's peak resident set size."""
+def process_peak_memory_mb(device: torch.device) -> float:
+    """This process's peak memory in MiB: on CUDA the most the caching allocator has held
+    allocated on ``device`` since its peak was last reset (``train`` resets it at the start of a
+    run), on the CPU the peak resident set size since the process started. Stored as
+    ``RunRecord.peak_memory_mb``."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
@@ -558,7 +561,7 @@ def _finish(record: RunRecord, tc: TrainConfig, device, t_start: float, train_ti
     record.train_time_s = time_before + train_time
     tokens = len(record.metrics) * tc.batch_size * tc.seq_len
     record.tokens_per_s = tokens / record.train_time_s if record.train_time_s > 0 else 0.0
-    record.peak_memory_mb = peak_memory_mb(device)
+    record.peak_memory_mb = process_peak_memory_mb(device)
     if out_dir is not None and ctx.is_main:
         record.to_json(out_dir / RECORD_NAME)
 
