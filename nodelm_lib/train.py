@@ -87,13 +87,17 @@ class RunRecord:
     environment: dict = field(default_factory=dict)
     error: str | None = None
     checkpoint: str | None = None  # the final model's file, when the run kept one
+    # the trained model, returned by ``train`` in the process that trained it; not stored in the
+    # JSON (None in a record read back: load ``checkpoint`` with ``nl.load_model``)
+    model: CausalLM | None = field(default=None, repr=False, compare=False, metadata={"stored": False})
 
     @property
     def train_config(self) -> TrainConfig:
         return from_dict(TrainConfig, self.config)
 
     def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(dataclasses.asdict(self), indent=1)
+        stored = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("stored", True)}
+        text = json.dumps(stored, indent=1)
         if path is not None:
             atomic_write_text(path, text)
         return text
@@ -405,7 +409,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     metrics row (``step`` counts completed updates); an exception it raises stops the run
     after the record so far is saved. With ``out_dir`` set, the record is written to
     ``out_dir/record.json`` and checkpoints to ``out_dir/checkpoint.pt``. The trained model
-    is returned as ``record.model`` (an attribute, not part of the JSON).
+    is returned as ``record.model`` (not part of the JSON).
 
     Launched by ``torchrun`` with several processes, every process calls this and trains its
     share of each global batch (``distributed.py``); all return the same record, rank 0 alone
