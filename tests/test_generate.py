@@ -7,7 +7,7 @@ import torch
 
 import nodelm_lib as nl
 from nodelm_lib.config import ARCHS
-from nodelm_lib.generate import sample_next
+from nodelm_lib.generation import sample_next
 import nodelm_lib.models.node as node_module
 import nodelm_lib.time_layers as time_layers
 from nodelm_lib.decode_cache import DecodeCache
