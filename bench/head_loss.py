@@ -1,4 +1,4 @@
-"""Output head + cross-entropy, forward and backward: chunked (``nn.linear_cross_entropy``)
+"""Output head + cross-entropy, forward and backward: chunked (``losses.linear_cross_entropy``)
 against the reference ``F.cross_entropy(h @ W.T, y)`` that holds all logits, in one run.
 
     python bench/head_loss.py                 # the seed's gpu config: N = 32*64 rows, D=256, V=50257
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nodelm_lib.nn import linear_cross_entropy
+from nodelm_lib.losses import linear_cross_entropy
 
 
 def timed(fn, repeats: int) -> float:

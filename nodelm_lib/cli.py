@@ -66,7 +66,7 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from .checkpoints import load_model
-    from .generate import generate
+    from .generation import generate
 
     model = load_model(args.checkpoint, device=args.device)
     _, tok = _tokenizer_of(model, args.tokenizer, args.data_dir)

@@ -80,7 +80,7 @@ class RunRecord:
     wall_time_s: float = 0.0
     train_time_s: float = 0.0
     tokens_per_s: float = 0.0
-    peak_memory_mb: float = 0.0
+    peak_memory_mb: float = 0.0  # process_peak_memory_mb at the end of the run
     # compile=True: seconds of this process's first training step, which traces and compiles the
     # forward and backward graphs (one step's own compute included); 0 for an eager run
     compile_time_s: float = 0.0
@@ -88,13 +88,17 @@ class RunRecord:
     environment: dict = field(default_factory=dict)
     error: str | None = None
     checkpoint: str | None = None  # the final model's file, when the run kept one
+    # the trained model, returned by ``train`` in the process that trained it; not stored in the
+    # JSON (None in a record read back: load ``checkpoint`` with ``nl.load_model``)
+    model: CausalLM | None = field(default=None, repr=False, compare=False, metadata={"stored": False})
 
     @property
     def train_config(self) -> TrainConfig:
         return from_dict(TrainConfig, self.config)
 
     def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(dataclasses.asdict(self), indent=1)
+        stored = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("stored", True)}
+        text = json.dumps(stored, indent=1)
         if path is not None:
             atomic_write_text(path, text)
         return text
@@ -289,8 +293,11 @@ def environment(device: torch.device, ctx: Context = SINGLE) -> dict:
     return env
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak CUDA memory allocated, or on CPU the process's peak resident set size."""
+def process_peak_memory_mb(device: torch.device) -> float:
+    """This process's peak memory in MiB: on CUDA the most the caching allocator has held
+    allocated on ``device`` since its peak was last reset (``train`` resets it at the start of a
+    run), on the CPU the peak resident set size since the process started. Stored as
+    ``RunRecord.peak_memory_mb``."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
@@ -436,7 +443,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     metrics row (``step`` counts completed updates); an exception it raises stops the run
     after the record so far is saved. With ``out_dir`` set, the record is written to
     ``out_dir/record.json`` and checkpoints to ``out_dir/checkpoint.pt``. The trained model
-    is returned as ``record.model`` (an attribute, not part of the JSON).
+    is returned as ``record.model`` (not part of the JSON).
 
     Launched by ``torchrun`` with several processes, every process calls this and trains its
     share of each global batch (``distributed.py``); all return the same record, rank 0 alone
@@ -595,7 +602,7 @@ def _finish(record: RunRecord, tc: TrainConfig, device, t_start: float, train_ti
     record.train_time_s = time_before + train_time
     tokens = len(record.metrics) * tc.batch_size * tc.seq_len
     record.tokens_per_s = tokens / record.train_time_s if record.train_time_s > 0 else 0.0
-    record.peak_memory_mb = peak_memory_mb(device)
+    record.peak_memory_mb = process_peak_memory_mb(device)
     if out_dir is not None and ctx.is_main:
         record.to_json(out_dir / RECORD_NAME)
 

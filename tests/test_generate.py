@@ -7,10 +7,11 @@ import torch
 
 import nodelm_lib as nl
 from nodelm_lib.config import ARCHS
-from nodelm_lib.generate import sample_next
+from nodelm_lib.generation import sample_next
 import nodelm_lib.models.node as node_module
-import nodelm_lib.nn as nn_module
-from nodelm_lib.nn import DecodeCache, HyperLinear
+import nodelm_lib.time_layers as time_layers
+from nodelm_lib.decode_cache import DecodeCache
+from nodelm_lib.time_layers import HyperLinear
 from nodelm_lib.ode.solve import FIXED_STEP_METHODS
 
 
@@ -71,10 +72,10 @@ def test_time_dependent_weights_are_computed_once_per_step_not_per_token(monkeyp
     assert len(calls) == 4 * 3
 
 
-@pytest.mark.parametrize("arch, owner, name", [("hybrid", nn_module.TimeEmbedding, "embed"),
+@pytest.mark.parametrize("arch, owner, name", [("hybrid", time_layers.TimeEmbedding, "embed"),
                                                ("node", node_module, "time_code"),
-                                               ("ti_mlp", nn_module, "time_codes"),
-                                               ("ti_ssm", nn_module, "time_codes")])
+                                               ("ti_mlp", time_layers, "time_codes"),
+                                               ("ti_ssm", time_layers, "time_codes")])
 def test_what_depends_on_t_alone_is_computed_on_the_prefill_pass_only(monkeypatch, arch, owner, name):
     """The time embedding / time code / modulation trunk of every stage: once per (step,
     stage) on the first pass, never again for the single-token passes (rk4: 4 stages)."""

@@ -128,7 +128,7 @@ def test_unknown_arch_lists_the_valid_ones():
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, None])
 def test_chunked_linear_cross_entropy_matches_the_full_logits(chunk):
-    from nodelm_lib.nn import linear_cross_entropy
+    from nodelm_lib.losses import linear_cross_entropy
 
     torch.manual_seed(0)
     h = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)

@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import nodelm_lib as nl
 from nodelm_lib.analysis import spectral as sp
-from nodelm_lib.nn import causal_attention
+from nodelm_lib.layers import causal_attention
 
 D, H, N_STEPS = 16, 2, 3
 

@@ -1,4 +1,4 @@
-"""Weights generated for every time of a fixed-step solve at once (``nn.TimeGrid``): the same
+"""Weights generated for every time of a fixed-step solve at once (``time_grid.TimeGrid``): the same
 model output and gradients as generating them at each field evaluation, with one batched call
 per layer per forward pass."""
 
@@ -7,7 +7,7 @@ import torch
 
 import nodelm_lib as nl
 from nodelm_lib.models.common import ODEBlock
-from nodelm_lib.nn import HyperLinear, ModulatedLinear
+from nodelm_lib.time_layers import HyperLinear, ModulatedLinear
 
 
 def model(arch: str, method: str, dtype=torch.float64):

@@ -61,7 +61,7 @@ import torch
 from torch.func import jvp, vjp
 
 from ..models.common import continuous_block
-from ..nn import time_code
+from ..time_layers import time_code
 from ..ode import FIXED_STEP_METHODS
 from ..plotting import use_style
 from .lyapunov import _math_attention, analysis_model, jacobian_rows

@@ -18,9 +18,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import CONTINUOUS_ARCHS, ModelConfig, ODEConfig
-from ..nn import DecodeCache, active_cache, linear_cross_entropy, time_grid
+from ..decode_cache import DecodeCache, active_cache
+from ..losses import linear_cross_entropy
 from ..ode import FIXED_STEP_METHODS, Solver, SolverCounters, gradient_method
 from ..ode.tableaus import TABLEAUS
+from ..time_grid import time_grid
 
 
 class CausalLM(nn.Module):
@@ -35,6 +37,9 @@ class CausalLM(nn.Module):
         if cfg.vocab_size is None:
             raise ValueError("model.vocab_size is None; set it (e.g. 256 for char, 50257 for gpt2)")
         self.cfg = cfg
+        # the entries of the model file it was loaded from besides the weights and config (tokenizer,
+        # dataset, step, ...; ``checkpoints.load_model``); empty for a model built here
+        self.checkpoint_metadata: dict = {}
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
@@ -218,7 +223,7 @@ class ODEBlock(nn.Module):
 
     def field_times(self, x: torch.Tensor) -> torch.Tensor | None:
         """Every t at which a solve of ``x`` evaluates the field, when they are known before it
-        starts, so that weights may be generated for all of them at once (``nn.TimeGrid``): an
+        starts, so that weights may be generated for all of them at once (``time_grid.TimeGrid``): an
         explicit Runge-Kutta method and not decoding (its cache keeps weights per call site);
         else None. ``forward`` opens the grid only for backprop through the solve (``direct``)
         or no gradient at all: the other gradient methods evaluate the field again in

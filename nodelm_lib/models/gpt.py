@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..nn import Block
+from ..layers import Block
 from .common import CausalLM
 
 

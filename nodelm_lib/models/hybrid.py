@@ -17,7 +17,8 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..nn import MLP, Block, CausalSelfAttention, TimeEmbedding
+from ..layers import MLP, Block, CausalSelfAttention
+from ..time_layers import TimeEmbedding
 from .common import CausalLM, ODEBlock
 
 

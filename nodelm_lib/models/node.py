@@ -6,9 +6,9 @@ One shared parallel block is integrated over depth t in [0, 1]:
 
 Every linear layer's weight and bias are generated from the time code phi(t) (sinusoidal
 features of t with t appended) by a small per-layer network, W(t) = B + sum_k e_k(t) A_k
-(``nn.HyperLinear``), and the layer norms' scale and shift are time-dependent
-(``nn.TimeLayerNorm``, starting as plain layer norms). Euler with n steps is an n-layer
-parallel-block transformer with dt-scaled residual updates: ``evaluate_at(n)`` exports
+(``time_layers.HyperLinear``), and the layer norms' scale and shift are time-dependent
+(``time_layers.TimeLayerNorm``, starting as plain layer norms). Euler with n steps is an
+n-layer parallel-block transformer with dt-scaled residual updates: ``evaluate_at(n)`` exports
 exactly that model as an ordinary ``gpt``.
 
 Unlike the extension's published code (seed 001 README), attention is causal and the
@@ -23,9 +23,11 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig, ODEConfig
-from ..nn import (HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, active_grid, cached_per_call, mlp_hidden,
-                  time_code, time_codes)
+from ..decode_cache import cached_per_call
+from ..layers import mlp_hidden
 from ..ode import Solver
+from ..time_grid import active_grid
+from ..time_layers import HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, time_code, time_codes
 from .common import ContinuousDepthLM
 from .gpt import GPT
 
@@ -48,7 +50,7 @@ class NodeField(nn.Module):
 
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         grid = active_grid()
-        if grid is not None:  # every weight at every grid time at once (``nn.TimeGrid``)
+        if grid is not None:  # every weight at every grid time at once (``time_grid.TimeGrid``)
             code = grid.point(t, self, lambda times: time_codes(times, self.time_features).to(x.device))
         else:
             code = cached_per_call(lambda: time_code(t, self.time_features).to(x.device))  # t alone: once per stage

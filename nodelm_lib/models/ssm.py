@@ -29,7 +29,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from ..nn import CausalSelfAttention, GridPoint, ModulatedLinear, StaticLinear, active_cache
+from ..decode_cache import active_cache
+from ..layers import CausalSelfAttention
+from ..time_grid import GridPoint
+from ..time_layers import ModulatedLinear, StaticLinear
 from .common import CausalLM
 
 # --------------------------------------------------------------------------- scans

@@ -1,8 +1,8 @@
 """``ti_mlp`` and ``ti_ssm``: time-indexed parameter sharing (the seed-001 extension).
 
 One set of base weights is shared by all depths and gated in time,
-W_eff(t) = W_base * sigmoid(g(t)) (``nn.ModulatedLinear``; its docstring says which structure
-g has and why), with g a small network on the sinusoidal time code. The block is in
+W_eff(t) = W_base * sigmoid(g(t)) (``time_layers.ModulatedLinear``; its docstring says which
+structure g has and why), with g a small network on the sinusoidal time code. The block is in
 parallel form and integrated over t in [0, 1] like ``node``:
 
     ti_mlp:  dx/dt = Attn_t(LN_1(x)) + MLP_t(LN_2(x))
@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from ..config import ModelConfig
-from ..nn import ModulatedLinear, TimeAttention, TimeMLP, TimeModulation
+from ..time_layers import ModulatedLinear, TimeAttention, TimeMLP, TimeModulation
 from .common import ContinuousDepthLM
 from .ssm import SelectiveSSM
 

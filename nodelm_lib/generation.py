@@ -3,8 +3,9 @@
 For a causal model integrated on a fixed grid, every solver stage at position i depends
 only on positions <= i, so the keys and values of each (step, stage) evaluation of the field
 can be cached exactly like those of a discrete layer; so can ti_ssm's recurrent state and
-the time-dependent weights of node / ti_* (they depend on t alone). ``nn.DecodeCache`` holds
-one slot per call site; a new token then costs one pass over one position.
+the time-dependent weights of node / ti_* (they depend on t alone).
+``decode_cache.DecodeCache`` holds one slot per call site; a new token then costs one pass over
+one position.
 
 Positions are absolute (learned position embeddings), so when the sequence outgrows
 ``max_seq_len`` the context is cropped to the last ``max_seq_len`` tokens and the cache is
@@ -19,7 +20,7 @@ from typing import Callable
 import torch
 
 from .models.common import CausalLM
-from .nn import DecodeCache
+from .decode_cache import DecodeCache
 from .ode.solve import FIXED_STEP_METHODS
 
 

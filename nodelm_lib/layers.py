@@ -1,0 +1,116 @@
+"""Standard transformer layers: causal self-attention (with the decode cache's keys and
+values), the MLP and the pre-LN block.
+
+Every model family is assembled from these, so a fix here (or a faster kernel) reaches all
+of them. Attention uses ``F.scaled_dot_product_attention(is_causal=True)``: position i
+attends to positions <= i only, which the causality tests check for every model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .decode_cache import active_cache
+
+
+class CausalSelfAttention(nn.Module):
+    r"""Multi-head causal self-attention.
+
+    For heads h = 1..H with d_h = D / H:
+    :math:`\mathrm{head}_h = \mathrm{softmax}(Q_h K_h^\top / \sqrt{d_h} + M) V_h`, with M the
+    causal mask (0 where j <= i, -inf elsewhere), and the output ``W_O [head_1; ...; head_H]``.
+    Q, K, V come from one fused (D, 3D) projection.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
+        self.n_heads = n_heads
+        self.c_attn = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.c_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = causal_attention(self.c_attn(x), self.n_heads, self.dropout if self.training else 0.0)
+        return self.resid_dropout(self.c_proj(y))
+
+
+def causal_attention(qkv: torch.Tensor, n_heads: int, dropout_p: float = 0.0) -> torch.Tensor:
+    """Causal multi-head attention from fused projections ``qkv`` (B, T, 3D) to (B, T, D),
+    before the output projection. Shared by every attention layer, fixed or time-dependent.
+
+    While decoding with a ``DecodeCache``, the T new positions attend to the cached keys and
+    values of this call site as well as to each other (causally)."""
+    B, T, D3 = qkv.shape
+    D = D3 // 3
+    # (B, T, D) -> (B, H, T, d_h)
+    q, k, v = (z.view(B, T, n_heads, D // n_heads).transpose(1, 2) for z in qkv.split(D, dim=2))
+    mask, is_causal = None, True
+    cache = active_cache()
+    if cache is not None:
+        k, v = _extend_kv(cache.slot(), k, v, cache.length, cache.capacity)
+        past = cache.length
+        if past and T == 1:  # one new query sees every key
+            is_causal = False
+        elif past:  # query i (position past + i) sees keys 0 .. past + i
+            mask, is_causal = torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past), False
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p)
+    return y.transpose(1, 2).contiguous().view(B, T, D)
+
+
+def _extend_kv(slot: dict, k: torch.Tensor, v: torch.Tensor, past: int, capacity: int):
+    """Write the new keys/values at positions past .. past + T into the slot's buffers
+    (allocated once, at the cache's capacity) and return views of everything so far."""
+    if "k" not in slot:
+        B, H, _, dh = k.shape
+        slot["k"], slot["v"] = (k.new_empty(B, H, capacity, dh) for _ in range(2))
+    end = past + k.shape[2]
+    slot["k"][:, :, past:end] = k
+    slot["v"][:, :, past:end] = v
+    return slot["k"][:, :, :end], slot["v"][:, :, :end]
+
+
+def mlp_hidden(d_model: int, ratio: float) -> int:
+    """Hidden size of an MLP of width ratio ``ratio`` (rounded: ratios need not be integers)."""
+    return max(1, round(ratio * d_model))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network ``W_2 GELU(W_1 x)`` with hidden size ``ratio * D``."""
+
+    def __init__(self, d_model: int, ratio: float = 4, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        hidden = mlp_hidden(d_model, ratio)
+        self.c_fc = nn.Linear(d_model, hidden, bias=bias)
+        self.c_proj = nn.Linear(hidden, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``.
+
+    ``parallel=True`` is the parallel form (GPT-J, PaLM) ``x + Attn(LN_1(x)) + MLP(LN_2(x))``:
+    one Euler step of the continuous-depth models' field, which is what ``node.evaluate_at``
+    exports into.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, mlp_ratio: float = 4, dropout: float = 0.0, bias: bool = True,
+                 parallel: bool = False):
+        super().__init__()
+        self.parallel = parallel
+        self.ln_1 = nn.LayerNorm(d_model, bias=bias)
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout, bias)
+        self.ln_2 = nn.LayerNorm(d_model, bias=bias)
+        self.mlp = MLP(d_model, mlp_ratio, dropout, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parallel:
+            return x + self.attn(self.ln_1(x)) + self.mlp(self.ln_2(x))
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))

@@ -1,0 +1,69 @@
+"""The output head's loss: cross-entropy of ``h @ W.T`` computed in row chunks, so that the
+(N, V) logits never exist at once (``linear_cross_entropy``)."""
+
+from __future__ import annotations
+
+import torch
+
+
+# Rows per chunk so that one chunk of logits holds about 8M floats (32 MB): the full
+# (B*T, V) logits of a GPT-2-vocabulary batch are ~400 MB, and allocating and freeing them
+# every step dominated the step time on CPU.
+CHUNK_LOGITS = 2**23
+
+
+def _chunked_cross_entropy(h, weight, targets, chunk: int, with_grads: bool):
+    r"""Mean cross-entropy of z = h W^T against ``targets`` and, if asked, its gradients.
+
+    Per chunk of rows: loss += logsumexp(z) - z_y; and since the loss is a scalar, its
+    gradients are formed at once: G = (softmax(z) - onehot(y)) / N, dL/dh = G W,
+    dL/dW += G^T h. One logits buffer is reused for every chunk and all softmax work is in
+    place: fresh (N, V) allocations cost more than the matmuls on CPU (page faults).
+    """
+    n, vocab = h.shape[0], weight.shape[0]
+    acc = torch.promote_types(h.dtype, torch.float32)  # softmax and sums in >= float32
+    h, weight = h.to(acc), weight.to(acc)
+    total = torch.zeros((), dtype=acc, device=h.device)
+    grad_h = torch.empty_like(h) if with_grads else None
+    grad_w = torch.zeros_like(weight) if with_grads else None
+    buf = torch.empty(min(chunk, n), vocab, dtype=acc, device=h.device)
+    for start in range(0, n, chunk):
+        hc, yc = h[start:start + chunk], targets[start:start + chunk]
+        z = buf[: hc.shape[0]]
+        torch.mm(hc, weight.t(), out=z)
+        z_y = z.gather(1, yc[:, None]).squeeze(1)
+        z_max = z.amax(dim=-1)
+        z.sub_(z_max[:, None]).exp_()
+        z_sum = z.sum(dim=-1)
+        total += (z_sum.log() + z_max - z_y).sum()
+        if with_grads:
+            z.div_(z_sum[:, None] * n)  # softmax / N
+            z[torch.arange(z.shape[0], device=z.device), yc] -= 1.0 / n
+            torch.mm(z, weight, out=grad_h[start:start + chunk])
+            grad_w.addmm_(z.t(), hc)
+    return total / n, grad_h, grad_w
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Autograd wrapper: forward computes the gradients, backward only scales them."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunk):
+        loss, grad_h, grad_w = _chunked_cross_entropy(h, weight, targets, chunk, with_grads=True)
+        ctx.save_for_backward(grad_h.to(h.dtype), grad_w.to(weight.dtype))
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_out, grad_w * grad_out, None, None
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         chunk: int | None = None) -> torch.Tensor:
+    """``F.cross_entropy(h @ weight.T, targets)`` for h (N, D), weight (V, D), targets (N,),
+    computed in row chunks so the (N, V) logits never exist at once."""
+    chunk = chunk or max(1, CHUNK_LOGITS // weight.shape[0])
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return _ChunkedLinearCrossEntropy.apply(h, weight, targets, chunk)
+    return _chunked_cross_entropy(h, weight, targets, chunk, with_grads=False)[0]

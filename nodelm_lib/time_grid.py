@@ -1,0 +1,93 @@
+"""Weights on a time grid: every weight that depends on t alone, generated for all the times
+of a fixed-step solve at once (``TimeGrid``, opened by ``time_grid`` for one solve), and
+``time_dependent``, through which a time-dependent layer gets its weights at one time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from .decode_cache import cached_per_call
+
+
+class TimeGrid:
+    r"""The times at which a fixed-step solve will evaluate its field, so that every weight that
+    depends on t alone is generated for all of them at once: one batched call per layer per
+    forward pass instead of one per field evaluation.
+
+    Why: ``node``'s hypernetwork forms W(t) = B + sum_k e_k(t) A_k from E full-size basis
+    matrices. Per evaluation that reads all E of them forward and writes (and accumulates) a
+    full-size gradient for each backward; for S evaluations at once it is one (S x E) by
+    (E x in*out) product each way. The time-indexed gates batch the same way, with S times
+    fewer small kernels. Opened by ``ODEBlock`` for one solve (``time_grid``); a layer's
+    batched weights are memoised on the grid, so they live as long as that pass's graph.
+    """
+
+    def __init__(self, times: torch.Tensor):
+        self.times = times  # (S,)
+        self._memo: dict[int, object] = {}
+
+    def memo(self, owner: object, compute: Callable[[], object]) -> object:
+        """``compute()`` once per grid for ``owner`` (a layer), then the stored value."""
+        key = id(owner)
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def point(self, t: torch.Tensor, owner: object, inputs_at: Callable[[torch.Tensor], torch.Tensor]) -> "GridPoint":
+        """t as a point of this grid, carrying ``inputs_at(times)`` (owner's batched time code
+        or trunk output, (S, ...)). t is found as the nearest grid time on its device, without
+        a host synchronisation."""
+        index = (self.times - t.to(self.times)).abs().argmin()
+        return GridPoint(self, index, self.memo(owner, lambda: inputs_at(self.times)))
+
+
+class GridPoint:
+    """A field evaluation's time on a ``TimeGrid``: what time-dependent layers receive in place
+    of the time code (node) or the trunk output h(t) (ti_*) while a grid is open."""
+
+    def __init__(self, grid: TimeGrid, index: torch.Tensor, inputs: torch.Tensor):
+        self.grid, self.index, self.inputs = grid, index, inputs
+
+    @property
+    def value(self) -> torch.Tensor:
+        """The input at this time alone (what the layer would get without a grid)."""
+        return self.inputs[self.index]
+
+    def take(self, layer: nn.Module, weights_at: Callable[[torch.Tensor], tuple]) -> tuple:
+        """``layer``'s weights at this time: ``weights_at(inputs)`` for every grid time, computed
+        once per grid, indexed at this one (a tuple of (S, ...) tensors or None)."""
+        batched = self.grid.memo(layer, lambda: weights_at(self.inputs))
+        return tuple(None if w is None else w[self.index] for w in batched)
+
+
+_ACTIVE_GRID: contextvars.ContextVar[TimeGrid | None] = contextvars.ContextVar("nodelm_time_grid", default=None)
+
+
+def active_grid() -> TimeGrid | None:
+    """The time grid of the solve in progress, or None."""
+    return _ACTIVE_GRID.get()
+
+
+@contextlib.contextmanager
+def time_grid(times: torch.Tensor):
+    """Open a ``TimeGrid`` over ``times`` for the duration of one solve."""
+    token = _ACTIVE_GRID.set(TimeGrid(times))
+    try:
+        yield
+    finally:
+        _ACTIVE_GRID.reset(token)
+
+
+def time_dependent(value, layer: nn.Module, weights_at: Callable[[torch.Tensor], tuple]) -> tuple:
+    """``layer``'s weights for ``value``: a ``GridPoint`` (batched over the grid's times) or a
+    single time's code / trunk output (batched over one time; cached per call site while
+    decoding). ``weights_at`` maps (S, ...) inputs to a tuple of (S, ...) weights."""
+    if isinstance(value, GridPoint):
+        return value.take(layer, weights_at)
+    return cached_per_call(lambda: tuple(None if w is None else w[0] for w in weights_at(value[None])))
