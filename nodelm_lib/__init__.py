@@ -28,7 +28,8 @@ from .checkpoints import load_model, save_checkpoint
 # `from nodelm_lib.train import ...` or importlib.import_module, not `import nodelm_lib.train as m`.
 # (It keeps its name: the function's qualified name nodelm_lib.train.train is relied on.)
 from .train import NonFiniteError, RunRecord, resolve_device, train  # noqa: E402  (rebinds nl.train to the function)
-from .experiment import run, sweep  # noqa: E402
+from .experiment import sweep  # noqa: E402
+from .store import run  # noqa: E402
 from .estimate import estimate_time  # noqa: E402
 from .workspace import Workspace, workspace  # noqa: E402
 

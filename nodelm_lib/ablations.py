@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import torch
 
 from .config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
-from .experiment import DEFAULT_CHECKPOINTS, DEFAULT_STORE, _run_all, checkpoint_path, selected_lrs
+from .experiment import _run_all, selected_lrs
+from .store import DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path
 from .train import RunRecord, eval_batches, evaluate, with_tokenizer_vocab
 
 if TYPE_CHECKING:
@@ -223,7 +224,8 @@ def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], see
     """
     import pandas as pd
 
-    from .experiment import _selected_arm_configs, record_row
+    from .experiment import _selected_arm_configs
+    from .records import record_row
 
     seeds, to_steps = list(seeds), list(to_steps)
     full_budget = dict(full_budget or {})

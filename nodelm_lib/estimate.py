@@ -36,7 +36,7 @@ import torch
 
 from .config import DTYPES, TrainConfig, _check_choice, to_dict
 from .data import CharTokenizer, GPT2Tokenizer
-from .experiment import TRAIN_FLOPS_PER_FORWARD_FLOP
+from .records import TRAIN_FLOPS_PER_FORWARD_FLOP
 from .models import build_model, count_params
 from .profiling import forward_flops_per_token
 from .train import RunRecord

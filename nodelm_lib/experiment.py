@@ -1,15 +1,6 @@
-"""Runs x seeds with a results store: ``nl.run(tc)`` and ``nl.sweep(base, arms, seeds)``.
-
-The store is a folder of run records, one JSON file per run named by its config hash
-(``results/runs/<profile>/<hash>.json``). The hash covers every field that changes the numbers
-a run produces (seed included), so
-
-- a run whose completed record exists is read back, never rerun;
-- an interrupted run (killed process, Ctrl-C, a crash) resumes from its last checkpoint under
-  ``checkpoints/runs/<hash>/`` to the same numbers an uninterrupted run gives;
-- records are written atomically (temp file + rename): a kill never leaves half a record.
-
-A run that stops with a non-finite loss is a result too (status ``"failed"``) and is stored.
+"""Runs x seeds under one comparison protocol: ``nl.sweep(base, arms, seeds)``, learning-rate selection
+and the validation curves of a sweep. Each run goes through the run store (``store.py``: read back
+if stored, resumed if interrupted).
 
 **The comparison protocol** (``check_protocol``, enforced by ``sweep``): the arms of a sweep
 may differ in their model only, and in their learning rate only where a recorded selection
@@ -22,159 +13,35 @@ scored on the same validation and test batches: differences between arms are pai
 Validation picks nothing: every run trains for the fixed step budget, and its test loss is
 computed once, at the end.
 
-With ``isolate=True`` (sweep's default) each run trains in a fresh Python process: its peak
-memory (resident set size on CPU) and its speed are its own, not inflated by earlier runs in
-the same process, and a crash takes down only that run.
-
-Several workers may share one store (two notebooks, a sweep on a cluster: ``launch.py``, whose
-``launcher=`` every sweep takes): a worker claims a hash with an atomic lock file before training it
-(``claims.py``), so no run is trained by two workers at once; one that finds a run claimed waits
-for its record.
+A sweep trains its runs one after another, ``workers`` isolated runs at once, or as jobs of a
+cluster launcher (``launch.py``, whose ``launcher=`` every sweep takes).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import math
 import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-import torch
 from tqdm import tqdm
 
-from . import claims
-from .config import TONG_HYPERNETWORK, ModelConfig, TrainConfig, for_arch, from_dict, to_dict, with_values
-from .distributed import launch_context
-from .files import atomic_write_text
-from .train import (CHECKPOINT_NAME, RECORD_NAME, RunRecord, train,
-                    with_tokenizer_vocab)
-
-# the environment variable through which a sweep tells an isolated run how many threads to use
-THREADS_ENV = "NODELM_NUM_THREADS"
-# the pid of the sweep that started an isolated run: the run stops when that process is gone
-PARENT_ENV = "NODELM_PARENT_PID"
+from .config import TONG_HYPERNETWORK, ModelConfig, TrainConfig, for_arch, to_dict, with_values
+# the store's and the records' names stay reachable here (``experiment.run``, ``experiment.record_row``)
+from .records import TRAIN_FLOPS_PER_FORWARD_FLOP, compare_lr_rankings, pooled_loss, record_row, time_to_target  # noqa: F401
+from .store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records,  # noqa: F401
+                    record_path, run, stored_record, train_into_store)
+from .train import RunRecord, with_tokenizer_vocab
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where used: `import nodelm_lib` stays light (child processes)
 
-DEFAULT_STORE = "results/runs"
-DEFAULT_CHECKPOINTS = "checkpoints/runs"
 # the TrainConfig fields arms may not change: everything but the model and the seed (and the
 # learning rate, which check_protocol allows to differ only through a recorded selection)
 PROTOCOL_EXEMPT = frozenset({"model", "seed", "out_dir", "checkpoint_interval", "resume", "log_dir", "progress",
                              "data_dir", "device", "lr"})
-
-
-def record_path(store: str | Path, config_hash: str) -> Path:
-    return Path(store) / f"{config_hash}.json"
-
-
-def stored_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE) -> RunRecord | None:
-    """The finished (completed or failed) record of ``tc`` in ``store``, or None."""
-    path = record_path(store, with_tokenizer_vocab(tc).config_hash())
-    if not path.exists():
-        return None
-    record = RunRecord.from_json(path)
-    return record if record.status in ("completed", "failed") else None
-
-
-def checkpoint_path(config_hash: str, checkpoints: str | Path = DEFAULT_CHECKPOINTS) -> Path:
-    """Where ``run`` keeps the checkpoint (and, at the end, the final model) of a run."""
-    return Path(checkpoints) / config_hash / CHECKPOINT_NAME
-
-
-def finished_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
-                    need_checkpoint: bool = False) -> RunRecord | None:
-    """``stored_record``, or None where ``need_checkpoint`` asks for a final model that is not on disk."""
-    done = stored_record(tc, store)
-    if done is None or (need_checkpoint and not checkpoint_path(done.config_hash, checkpoints).exists()):
-        return None
-    return done
-
-
-def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
-        isolate: bool = False, need_checkpoint: bool = False, threads: int | None = None) -> RunRecord:
-    """Train ``tc`` once, or read its record back from ``store`` if it was trained before.
-
-    The run checkpoints every ``tc.checkpoint_interval`` steps (default: every evaluation)
-    under ``checkpoints/<hash>/`` and resumes from there when restarted; its final model stays
-    there (``record.checkpoint``, loadable with ``nl.load_model``). ``isolate=True`` trains in
-    a subprocess (see the module docstring), with ``threads`` torch threads if given. ``need_checkpoint=True`` retrains a stored run
-    whose final model is not on disk (records are committed, checkpoints are not); training is
-    deterministic, so the record it writes again holds the same numbers. Returns the stored
-    record; an in-process run also carries the trained model as ``record.model``. While another
-    worker holds the run's claim (``claims.py``), this waits for it and reads its record.
-    """
-    tc = with_tokenizer_vocab(tc)
-    done = finished_record(tc, store, checkpoints, need_checkpoint)
-    if done is not None:
-        return done
-    with claims.wait_for_claim(store, tc.config_hash()):
-        done = finished_record(tc, store, checkpoints, need_checkpoint)  # the worker waited for may have stored it
-        if done is not None:
-            return done
-        return train_into_store(tc, store, checkpoints, isolate, threads)
-
-
-def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
-                     isolate: bool = False, threads: int | None = None) -> RunRecord:
-    """Train ``tc`` (resuming its checkpoint) and write its finished record to ``store``; the
-    caller holds the run's claim. ``run`` without the look-up and the claim."""
-    tc = with_tokenizer_vocab(tc)
-    config_hash = tc.config_hash()
-    out_dir = Path(checkpoints) / config_hash
-    tc = dataclasses.replace(tc, out_dir=str(out_dir), resume=True,
-                             checkpoint_interval=tc.checkpoint_interval or tc.eval_interval)
-    if isolate:
-        record = _train_in_subprocess(tc, out_dir, threads)
-    else:
-        try:
-            record = train(tc)
-        except Exception as err:
-            record = getattr(err, "record", None)
-            if record is None or record.status != "failed":
-                raise  # a bug or an interruption: nothing to store, the checkpoint resumes it
-    if record.status in ("completed", "failed") and launch_context().is_main:  # rank 0 of a data-parallel run
-        record.to_json(record_path(store, config_hash))
-    return record
-
-
-def _train_in_subprocess(tc: TrainConfig, out_dir: Path, threads: int | None = None) -> RunRecord:
-    """``train(tc)`` in a fresh interpreter (with ``threads`` torch threads, if given); its
-    output goes to ``out_dir/train.log``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config_file = out_dir / "config.json"
-    atomic_write_text(config_file, json.dumps(to_dict(dataclasses.replace(tc, progress=False))))
-    log = out_dir / "train.log"
-    (out_dir / RECORD_NAME).unlink(missing_ok=True)  # what we read back must be this child's
-    env = os.environ.copy()
-    env[PARENT_ENV] = str(os.getpid())
-    if threads is not None:
-        env.update({THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads)})
-    with open(log, "w") as log_file:
-        child = subprocess.Popen([sys.executable, "-m", "nodelm_lib.experiment", str(config_file)],
-                                 stdout=log_file, stderr=subprocess.STDOUT, env=env)
-        try:
-            code = child.wait()
-        except BaseException:  # the sweep was interrupted: stop the child too; its checkpoint stays
-            child.terminate()
-            child.wait()
-            raise
-    record_file = out_dir / RECORD_NAME
-    record = RunRecord.from_json(record_file) if record_file.exists() else None
-    if code != 0 and (record is None or record.status != "failed"):
-        tail = "".join(log.read_text().splitlines(keepends=True)[-20:])
-        raise RuntimeError(f"run {tc.config_hash()} ({tc.model.arch}, seed {tc.seed}) exited with code {code}; "
-                           f"the last lines of {log}:\n{tail}")
-    return record
 
 
 # --------------------------------------------------------------------------- sweeps
@@ -412,74 +279,6 @@ def selected_lrs(selection) -> dict[str, float]:
     return {str(arm): float(lr) for arm, lr in zip(chosen["arm"], chosen["lr"])}
 
 
-# --------------------------------------------------------------------------- records as tables
-
-# training FLOPs per forward FLOP: the backward pass costs about twice the forward (Kaplan et al.)
-TRAIN_FLOPS_PER_FORWARD_FLOP = 3
-
-
-def record_row(record: RunRecord, arm: str | None = None) -> dict:
-    """One flat row of a record: identity, final losses (with perplexity and bits per token),
-    parameters, FLOPs and cost."""
-    tc = record.train_config
-    steps = len(record.metrics)
-    final = record.final
-    row = {
-        "arm": arm if arm is not None else tc.model.arch, "seed": record.seed, "arch": tc.model.arch,
-        "config_hash": record.config_hash, "status": record.status,
-        "val_loss": final.get("val_loss", math.nan), "test_loss": final.get("test_loss", math.nan),
-        "train_loss": final.get("train_loss", math.nan),
-        "params_total": record.params.get("total"), "params_non_embedding": record.params.get("non_embedding"),
-        "flops_per_token": record.flops_per_token,
-        "ms_per_step": 1e3 * record.train_time_s / steps if steps else math.nan,
-        "tokens_per_s": record.tokens_per_s, "peak_memory_mb": record.peak_memory_mb,
-        "activation_mb": record.activation_mb, "lr": tc.lr,
-        "val_tokens": final.get("val_tokens", math.nan), "test_tokens": final.get("test_tokens", math.nan),
-        "train_time_s": record.train_time_s, "wall_time_s": record.wall_time_s, "steps": steps,
-        "train_flops": TRAIN_FLOPS_PER_FORWARD_FLOP * record.flops_per_token * steps * tc.batch_size * tc.seq_len,
-    }
-    for split in ("val", "test"):
-        loss = row[f"{split}_loss"]
-        row[f"{split}_ppl"] = math.exp(loss) if math.isfinite(loss) else math.nan
-        row[f"{split}_bits_per_token"] = loss / math.log(2)
-    return row
-
-
-def pooled_loss(runs: pd.DataFrame, splits: Iterable[str] = ("val", "test")) -> pd.Series:
-    """Per run, the loss over several whole splits together, each weighted by its tokens
-    (``record_row``'s ``<split>_loss`` and ``<split>_tokens``). For tiny-shakespeare,
-    validation + test is the last 10% of the text: nanoGPT's validation split."""
-    splits = list(splits)
-    tokens = sum(runs[f"{s}_tokens"] for s in splits)
-    return sum(runs[f"{s}_loss"] * runs[f"{s}_tokens"] for s in splits) / tokens
-
-
-def compare_lr_rankings(short: pd.DataFrame, full: pd.DataFrame) -> pd.DataFrame:
-    """Does a short learning-rate search rank the rates as full-length runs do? One row per
-    (arm, lr) present in both ``select_lr`` tables: both validation losses, both ranks (1 =
-    best) and whether the arm's rankings agree (``same_ranking``) and its choice agrees
-    (``same_choice``)."""
-    both = short.merge(full, on=["arm", "lr"], suffixes=("_short", "_full"))
-    if both.empty:
-        raise ValueError("the two selections share no (arm, lr): run the full-length check on arms and rates "
-                         "of the short search")
-    for which in ("short", "full"):
-        both[f"rank_{which}"] = both.groupby("arm")[f"val_loss_{which}"].rank(method="min")
-    agree = both.groupby("arm").apply(lambda g: bool((g["rank_short"] == g["rank_full"]).all()),
-                                      include_groups=False)
-    choice = both.groupby("arm").apply(lambda g: bool((g["selected_short"] == g["selected_full"]).all()),
-                                       include_groups=False)
-    both["same_ranking"] = both["arm"].map(agree)
-    both["same_choice"] = both["arm"].map(choice)
-    return both[["arm", "lr", "steps_short", "val_loss_short", "rank_short", "steps_full", "val_loss_full",
-                 "rank_full", "same_ranking", "same_choice"]]
-
-
-def load_records(store: str | Path = DEFAULT_STORE) -> list[RunRecord]:
-    """Every record in ``store``, sorted by file name."""
-    return [RunRecord.from_json(p) for p in sorted(Path(store).glob("*.json"))]
-
-
 def curves(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int],
            store: str | Path = DEFAULT_STORE, lr_selection=None) -> pd.DataFrame:
     """Validation curves of a finished sweep, long format: arm, seed, step, tokens,
@@ -498,60 +297,3 @@ def curves(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[i
                   "train_flops": TRAIN_FLOPS_PER_FORWARD_FLOP * record.flops_per_token * e["step"] * tokens_per_step,
                   "train_time_s": e.get("train_time_s", math.nan), "val_loss": e["val_loss"]} for e in record.evals]
     return pd.DataFrame(rows)
-
-
-def time_to_target(curves_df: pd.DataFrame, target: float) -> pd.DataFrame:
-    """Per (arm, seed): training time and step of the first evaluation at or below validation
-    loss ``target`` (NaN if never reached). Resolution is the evaluation interval."""
-    import pandas as pd
-
-    rows = []
-    for (arm, seed), group in curves_df.groupby(["arm", "seed"], sort=False):
-        hit = group[group["val_loss"] <= target]
-        first = hit.iloc[0] if len(hit) else None
-        rows.append({"arm": arm, "seed": seed, "target": target,
-                     "step_to_target": first["step"] if first is not None else math.nan,
-                     "time_to_target_s": first["train_time_s"] if first is not None else math.nan})
-    return pd.DataFrame(rows)
-
-
-def stop_when_parent_dies(parent_pid: int, poll_s: float = 1.0) -> threading.Thread:
-    """Send this process SIGTERM once ``parent_pid`` is no longer its parent.
-
-    An isolated run whose sweep was killed (SIGKILL, a restarted notebook kernel) would otherwise
-    train on, orphaned: the sweep's claim names the dead sweep, so a restarted sweep takes it over
-    as stale and trains the same hash a second time beside it. The run stops at once instead and
-    its last checkpoint resumes it. A daemon thread polls ``os.getppid()`` (an orphan is adopted
-    by init or a subreaper), which works on every POSIX system, unlike Linux's PR_SET_PDEATHSIG
-    (which also fires when the parent *thread* that started the child exits)."""
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(poll_s)
-        print(f"the sweep that started this run (pid {parent_pid}) is gone: stopping", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    thread = threading.Thread(target=watch, name="stop-when-parent-dies", daemon=True)
-    thread.start()
-    return thread
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m nodelm_lib.experiment CONFIG.json``: one training run (``run(isolate=True)``'s child)."""
-    (config_file,) = argv if argv is not None else sys.argv[1:]
-    if os.environ.get(PARENT_ENV):
-        stop_when_parent_dies(int(os.environ[PARENT_ENV]))
-    if os.environ.get(THREADS_ENV):
-        torch.set_num_threads(int(os.environ[THREADS_ENV]))
-    tc = from_dict(TrainConfig, json.loads(Path(config_file).read_text()))
-    try:
-        train(tc)
-    except Exception as err:  # a failed run wrote its record (status "failed"); the parent reads it
-        if getattr(err, "record", None) is None:
-            raise
-        print(f"run failed: {err}", file=sys.stderr)
-        return 3
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@
 
 The run store stays the single source of truth, shared by every worker (a shared file system on
 a cluster): a job trains one config and writes its record into the store atomically
-(``experiment.train_into_store``). So
+(``store.train_into_store``). So
 
 - a run whose record is in the store is not submitted again; nor is one a live worker is training
   (its claim, ``claims.py``): the sweep waits for its record instead;
@@ -67,7 +67,8 @@ class RunJob:
     call, which resumes the run's checkpoint."""
 
     def __call__(self, config: dict, store: str, checkpoints: str, need_checkpoint: bool = False) -> dict:
-        from .experiment import finished_record, train_into_store, with_tokenizer_vocab
+        from .store import finished_record, train_into_store
+        from .train import with_tokenizer_vocab
 
         tc = with_tokenizer_vocab(from_dict(TrainConfig, config))
         config_hash = tc.config_hash()
@@ -190,7 +191,8 @@ class Launcher:
                need_checkpoint: bool = False, labels: Iterable[str] | None = None) -> Submitted:
         """One job per config that the store lacks and no live worker has claimed (a config listed
         twice is one job). Returns at once; ``wait`` follows the jobs to their records."""
-        from .experiment import finished_record, with_tokenizer_vocab
+        from .store import finished_record
+        from .train import with_tokenizer_vocab
 
         configs = [with_tokenizer_vocab(tc) for tc in configs]
         labels = list(labels) if labels is not None else [f"{tc.model.arch} seed {tc.seed}" for tc in configs]
@@ -238,7 +240,7 @@ class Launcher:
         run is submitted again. Raises at the end, naming every run that failed and its log."""
         from tqdm import tqdm
 
-        from .experiment import finished_record
+        from .store import finished_record
 
         resubmits = {h: 0 for h in submitted.configs}
         errors: dict[str, str] = {}
@@ -343,7 +345,7 @@ def run_all(configs: list[TrainConfig], store, checkpoints, launcher, need_check
             labels: list[str], wait: bool = True) -> list:
     """``experiment._run_all`` through a launcher: the records (None for a run not finished when
     ``wait=False``), in the order of ``configs``."""
-    from .experiment import finished_record
+    from .store import finished_record
 
     launcher = as_launcher(launcher, checkpoints)
     submitted = launcher.submit(configs, store, checkpoints, need_checkpoint, labels)
@@ -359,7 +361,10 @@ def collect(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[
     the worker) or "missing". Logs which runs are not finished."""
     import pandas as pd
 
-    from .experiment import _selected_arm_configs, record_row, stored_record, with_tokenizer_vocab
+    from .experiment import _selected_arm_configs
+    from .records import record_row
+    from .store import stored_record
+    from .train import with_tokenizer_vocab
 
     rows, waiting = [], []
     for name, seed, tc in _selected_arm_configs(base, arms, seeds, lr_selection)[0]:

@@ -415,7 +415,7 @@ def load_parent_weights(model: CausalLM, tc: TrainConfig) -> None:
     path = parent_checkpoint(tc)
     if not path.exists():
         raise FileNotFoundError(f"no final model of parent run {tc.init_from} at {path}; train it first "
-                                "(experiment.run(..., need_checkpoint=True))")
+                                "(nl.run(..., need_checkpoint=True))")
     state = read_checkpoint(path)  # the checks of a model file (tensors and plain data only)
     parent = state["model_config"]
     child = to_dict(tc.model) | {"vocab_size": model.cfg.vocab_size}

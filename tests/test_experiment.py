@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import nodelm_lib as nl
+import nodelm_lib.store as store_module
 from nodelm_lib import experiment
 from nodelm_lib.experiment import arm_configs, check_protocol, record_path, record_row, time_to_target
 
@@ -50,7 +51,7 @@ def test_a_stored_run_is_read_back_not_rerun(tmp_path, monkeypatch):
     def must_not_train(*args, **kwargs):
         raise AssertionError("a stored run was trained again")
 
-    monkeypatch.setattr(experiment, "train", must_not_train)
+    monkeypatch.setattr(store_module, "train", must_not_train)
     again = nl.run(tc, store=tmp_path / "runs", checkpoints=tmp_path / "ckpt")
     assert untimed(again) == untimed(nl.RunRecord.from_json(path))
     # anything that changes the numbers is another run

@@ -1,0 +1,87 @@
+"""Run records as table rows: losses, cost and FLOPs of each run, and comparisons over a sweep's tables."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Iterable
+
+from .train import RunRecord
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+# training FLOPs per forward FLOP: the backward pass costs about twice the forward (Kaplan et al.)
+TRAIN_FLOPS_PER_FORWARD_FLOP = 3
+
+
+def record_row(record: RunRecord, arm: str | None = None) -> dict:
+    """One flat row of a record: identity, final losses (with perplexity and bits per token),
+    parameters, FLOPs and cost."""
+    tc = record.train_config
+    steps = len(record.metrics)
+    final = record.final
+    row = {
+        "arm": arm if arm is not None else tc.model.arch, "seed": record.seed, "arch": tc.model.arch,
+        "config_hash": record.config_hash, "status": record.status,
+        "val_loss": final.get("val_loss", math.nan), "test_loss": final.get("test_loss", math.nan),
+        "train_loss": final.get("train_loss", math.nan),
+        "params_total": record.params.get("total"), "params_non_embedding": record.params.get("non_embedding"),
+        "flops_per_token": record.flops_per_token,
+        "ms_per_step": 1e3 * record.train_time_s / steps if steps else math.nan,
+        "tokens_per_s": record.tokens_per_s, "peak_memory_mb": record.peak_memory_mb,
+        "activation_mb": record.activation_mb, "lr": tc.lr,
+        "val_tokens": final.get("val_tokens", math.nan), "test_tokens": final.get("test_tokens", math.nan),
+        "train_time_s": record.train_time_s, "wall_time_s": record.wall_time_s, "steps": steps,
+        "train_flops": TRAIN_FLOPS_PER_FORWARD_FLOP * record.flops_per_token * steps * tc.batch_size * tc.seq_len,
+    }
+    for split in ("val", "test"):
+        loss = row[f"{split}_loss"]
+        row[f"{split}_ppl"] = math.exp(loss) if math.isfinite(loss) else math.nan
+        row[f"{split}_bits_per_token"] = loss / math.log(2)
+    return row
+
+
+def pooled_loss(runs: pd.DataFrame, splits: Iterable[str] = ("val", "test")) -> pd.Series:
+    """Per run, the loss over several whole splits together, each weighted by its tokens
+    (``record_row``'s ``<split>_loss`` and ``<split>_tokens``). For tiny-shakespeare,
+    validation + test is the last 10% of the text: nanoGPT's validation split."""
+    splits = list(splits)
+    tokens = sum(runs[f"{s}_tokens"] for s in splits)
+    return sum(runs[f"{s}_loss"] * runs[f"{s}_tokens"] for s in splits) / tokens
+
+
+def compare_lr_rankings(short: pd.DataFrame, full: pd.DataFrame) -> pd.DataFrame:
+    """Does a short learning-rate search rank the rates as full-length runs do? One row per
+    (arm, lr) present in both ``select_lr`` tables: both validation losses, both ranks (1 =
+    best) and whether the arm's rankings agree (``same_ranking``) and its choice agrees
+    (``same_choice``)."""
+    both = short.merge(full, on=["arm", "lr"], suffixes=("_short", "_full"))
+    if both.empty:
+        raise ValueError("the two selections share no (arm, lr): run the full-length check on arms and rates "
+                         "of the short search")
+    for which in ("short", "full"):
+        both[f"rank_{which}"] = both.groupby("arm")[f"val_loss_{which}"].rank(method="min")
+    agree = both.groupby("arm").apply(lambda g: bool((g["rank_short"] == g["rank_full"]).all()),
+                                      include_groups=False)
+    choice = both.groupby("arm").apply(lambda g: bool((g["selected_short"] == g["selected_full"]).all()),
+                                       include_groups=False)
+    both["same_ranking"] = both["arm"].map(agree)
+    both["same_choice"] = both["arm"].map(choice)
+    return both[["arm", "lr", "steps_short", "val_loss_short", "rank_short", "steps_full", "val_loss_full",
+                 "rank_full", "same_ranking", "same_choice"]]
+
+
+def time_to_target(curves_df: pd.DataFrame, target: float) -> pd.DataFrame:
+    """Per (arm, seed): training time and step of the first evaluation at or below validation
+    loss ``target`` (NaN if never reached). Resolution is the evaluation interval."""
+    import pandas as pd
+
+    rows = []
+    for (arm, seed), group in curves_df.groupby(["arm", "seed"], sort=False):
+        hit = group[group["val_loss"] <= target]
+        first = hit.iloc[0] if len(hit) else None
+        rows.append({"arm": arm, "seed": seed, "target": target,
+                     "step_to_target": first["step"] if first is not None else math.nan,
+                     "time_to_target_s": first["train_time_s"] if first is not None else math.nan})
+    return pd.DataFrame(rows)

@@ -1,0 +1,110 @@
+"""The run store: one JSON record per run, named by its config hash, and ``nl.run(tc)``.
+
+A store is a folder of run records (``results/runs/<profile>/<hash>.json``). The hash covers every
+field that changes the numbers a run produces (seed included), so
+
+- a run whose completed record exists is read back, never rerun;
+- an interrupted run (killed process, Ctrl-C, a crash) resumes from its last checkpoint under
+  ``checkpoints/runs/<hash>/`` to the same numbers an uninterrupted run gives;
+- records are written atomically (temp file + rename): a kill never leaves half a record.
+
+A run that stops with a non-finite loss is a result too (status ``"failed"``) and is stored.
+
+Several workers may share one store (two notebooks, a sweep on a cluster: ``launch.py``): a
+worker claims a hash with an atomic lock file before training it (``claims.py``), so no run is
+trained by two workers at once; one that finds a run claimed waits for its record. With
+``isolate=True`` a run trains in a fresh Python process (``isolated.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from . import claims
+from .config import TrainConfig
+from .distributed import launch_context
+from .isolated import train_in_subprocess
+from .train import CHECKPOINT_NAME, RunRecord, train, with_tokenizer_vocab
+
+DEFAULT_STORE = "results/runs"
+DEFAULT_CHECKPOINTS = "checkpoints/runs"
+
+
+def record_path(store: str | Path, config_hash: str) -> Path:
+    return Path(store) / f"{config_hash}.json"
+
+
+def stored_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE) -> RunRecord | None:
+    """The finished (completed or failed) record of ``tc`` in ``store``, or None."""
+    path = record_path(store, with_tokenizer_vocab(tc).config_hash())
+    if not path.exists():
+        return None
+    record = RunRecord.from_json(path)
+    return record if record.status in ("completed", "failed") else None
+
+
+def checkpoint_path(config_hash: str, checkpoints: str | Path = DEFAULT_CHECKPOINTS) -> Path:
+    """Where ``run`` keeps the checkpoint (and, at the end, the final model) of a run."""
+    return Path(checkpoints) / config_hash / CHECKPOINT_NAME
+
+
+def finished_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+                    need_checkpoint: bool = False) -> RunRecord | None:
+    """``stored_record``, or None where ``need_checkpoint`` asks for a final model that is not on disk."""
+    done = stored_record(tc, store)
+    if done is None or (need_checkpoint and not checkpoint_path(done.config_hash, checkpoints).exists()):
+        return None
+    return done
+
+
+def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+        isolate: bool = False, need_checkpoint: bool = False, threads: int | None = None) -> RunRecord:
+    """Train ``tc`` once, or read its record back from ``store`` if it was trained before.
+
+    The run checkpoints every ``tc.checkpoint_interval`` steps (default: every evaluation)
+    under ``checkpoints/<hash>/`` and resumes from there when restarted; its final model stays
+    there (``record.checkpoint``, loadable with ``nl.load_model``). ``isolate=True`` trains in
+    a subprocess (see the module docstring), with ``threads`` torch threads if given. ``need_checkpoint=True`` retrains a stored run
+    whose final model is not on disk (records are committed, checkpoints are not); training is
+    deterministic, so the record it writes again holds the same numbers. Returns the stored
+    record; an in-process run also carries the trained model as ``record.model``. While another
+    worker holds the run's claim (``claims.py``), this waits for it and reads its record.
+    """
+    tc = with_tokenizer_vocab(tc)
+    done = finished_record(tc, store, checkpoints, need_checkpoint)
+    if done is not None:
+        return done
+    with claims.wait_for_claim(store, tc.config_hash()):
+        done = finished_record(tc, store, checkpoints, need_checkpoint)  # the worker waited for may have stored it
+        if done is not None:
+            return done
+        return train_into_store(tc, store, checkpoints, isolate, threads)
+
+
+def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+                     isolate: bool = False, threads: int | None = None) -> RunRecord:
+    """Train ``tc`` (resuming its checkpoint) and write its finished record to ``store``; the
+    caller holds the run's claim. ``run`` without the look-up and the claim."""
+    tc = with_tokenizer_vocab(tc)
+    config_hash = tc.config_hash()
+    out_dir = Path(checkpoints) / config_hash
+    tc = dataclasses.replace(tc, out_dir=str(out_dir), resume=True,
+                             checkpoint_interval=tc.checkpoint_interval or tc.eval_interval)
+    if isolate:
+        record = train_in_subprocess(tc, out_dir, threads)
+    else:
+        try:
+            record = train(tc)
+        except Exception as err:
+            record = getattr(err, "record", None)
+            if record is None or record.status != "failed":
+                raise  # a bug or an interruption: nothing to store, the checkpoint resumes it
+    if record.status in ("completed", "failed") and launch_context().is_main:  # rank 0 of a data-parallel run
+        record.to_json(record_path(store, config_hash))
+    return record
+
+
+def load_records(store: str | Path = DEFAULT_STORE) -> list[RunRecord]:
+    """Every record in ``store``, sorted by file name."""
+    return [RunRecord.from_json(p) for p in sorted(Path(store).glob("*.json"))]
