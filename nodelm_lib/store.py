@@ -65,8 +65,8 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
     The run checkpoints every ``tc.checkpoint_interval`` steps (default: every evaluation)
     under ``checkpoints/<hash>/`` and resumes from there when restarted; its final model stays
     there (``record.checkpoint``, loadable with ``nl.load_model``). ``isolate=True`` trains in
-    a subprocess (see the module docstring), with ``threads`` torch threads if given. ``need_checkpoint=True`` retrains a stored run
-    whose final model is not on disk (records are committed, checkpoints are not); training is
+    a fresh process (``isolated.py``), with ``threads`` torch threads if given.
+    ``need_checkpoint=True`` retrains a stored run whose final model is not on disk (records are committed, checkpoints are not); training is
     deterministic, so the record it writes again holds the same numbers. Returns the stored
     record; an in-process run also carries the trained model as ``record.model``. While another
     worker holds the run's claim (``claims.py``), this waits for it and reads its record.
