@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # seed_reference
 import nodelm_lib as nl  # noqa: E402
 from nodelm_lib.experiment import architecture_arms  # noqa: E402
 from nodelm_lib.models import count_params  # noqa: E402
-from nodelm_lib.profiling import cpu_description, forward_flops_per_token  # noqa: E402
+from nodelm_lib.profiling import cpu_description, forward_flops_per_token, keep_freed_memory  # noqa: E402
 from seed_reference import SeedLM, seed_training_step  # noqa: E402
 
 TARGETS = {"ti_ssm": 1.5, "node": 1.2, "ti_mlp": 1.2, "hybrid": 1.2}  # max step-time ratio to gpt (issue 20)
@@ -86,8 +86,10 @@ def cpu_02_arms() -> dict[str, nl.ModelConfig]:
 
 
 def arm_step_seconds(name: str, steps: int, threads: int) -> list[float]:
-    """Seconds of each of ``steps`` training steps of 02's arm ``name``, in this process."""
+    """Seconds of each of ``steps`` training steps of 02's arm ``name``, in this process (with the
+    allocator setting ``nl.train`` uses on a CPU)."""
     torch.set_num_threads(threads)
+    keep_freed_memory()
     torch.manual_seed(0)
     model = nl.build_model(cpu_02_arms()[name])
     step = our_training_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True))

@@ -50,7 +50,7 @@ from .distributed import SINGLE, Context
 from .files import atomic_write, atomic_write_text
 from .checkpoints import read_checkpoint
 from .models import CausalLM, build_model
-from .profiling import cpu_description, forward_flops_per_token, saved_tensor_bytes
+from .profiling import cpu_description, forward_flops_per_token, keep_freed_memory, saved_tensor_bytes
 
 CHECKPOINT_NAME = "checkpoint.pt"
 RECORD_NAME = "record.json"
@@ -455,6 +455,8 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     local_batch = distributed.check_batch_divides(tc.batch_size, ctx.world_size)
     device = distributed.process_device(ctx, resolve_device(tc.device))
     check_dtype_supported(tc.dtype, device)
+    if device.type == "cpu":
+        keep_freed_memory()  # no page faults on the step's large tensors (profiling.keep_freed_memory)
     if device.type == "cuda":
         enable_tf32()
         torch.cuda.reset_peak_memory_stats(device)  # the peak of this run, not of the process
