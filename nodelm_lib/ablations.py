@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import torch
 
 from .config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
-from .experiment import _run_all, selected_lrs
+from .experiment import _run_all, _selected_arm_configs, selected_lrs
 from .store import DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path
 from .train import RunRecord, eval_batches, evaluate, with_tokenizer_vocab
 
@@ -203,6 +203,21 @@ def transfer_configs(parent: TrainConfig, to_steps: Iterable[int], fraction: flo
     return configs
 
 
+def depth_transfer_configs(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], seeds: Iterable[int],
+                           to_steps: Iterable[int], fraction: float = 0.1, lr_scale: float = 0.1, lr_selection=None,
+                           full_budget: Mapping[str, Iterable[int]] | None = None) -> tuple[list, list]:
+    """The runs of ``depth_transfer`` (same arguments): the parents, (arm, seed, config), and
+    the jobs, (arm, seed, parent config, variant, m, config)."""
+    seeds, to_steps = list(seeds), list(to_steps)
+    full_budget = dict(full_budget or {})
+    if unknown := set(full_budget) - set(arms):
+        raise ValueError(f"full_budget names arms {sorted(unknown)} that are not transfer arms {list(arms)}")
+    parents, _ = _selected_arm_configs(base, dict(arms), seeds, lr_selection)
+    jobs = [(name, seed, parent_tc, variant, m, tc) for name, seed, parent_tc in parents
+            for variant, m, tc in transfer_configs(parent_tc, to_steps, fraction, lr_scale, full_budget.get(name))]
+    return parents, jobs
+
+
 def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], seeds: Iterable[int],
                    to_steps: Iterable[int], fraction: float = 0.1, lr_scale: float = 0.1, lr_selection=None,
                    full_budget: Mapping[str, Iterable[int]] | None = None,
@@ -224,18 +239,11 @@ def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], see
     """
     import pandas as pd
 
-    from .experiment import _selected_arm_configs
     from .records import record_row
 
-    seeds, to_steps = list(seeds), list(to_steps)
-    full_budget = dict(full_budget or {})
-    if unknown := set(full_budget) - set(arms):
-        raise ValueError(f"full_budget names arms {sorted(unknown)} that are not transfer arms {list(arms)}")
-    parents, _ = _selected_arm_configs(base, dict(arms), seeds, lr_selection)
+    parents, jobs = depth_transfer_configs(base, arms, seeds, to_steps, fraction, lr_scale, lr_selection, full_budget)
     parent_records = _run_all([tc for _, _, tc in parents], store, checkpoints, isolate, True, workers, progress,
                               labels=[f"{name} seed {seed}" for name, seed, _ in parents])
-    jobs = [(name, seed, parent_tc, variant, m, tc) for name, seed, parent_tc in parents
-            for variant, m, tc in transfer_configs(parent_tc, to_steps, fraction, lr_scale, full_budget.get(name))]
     records = _run_all([tc for *_, tc in jobs], store, checkpoints, isolate, False, workers, progress,
                        labels=[f"{name} seed {seed} {variant} m={m}" for name, seed, _, variant, m, _ in jobs])
     rows, parent_of = [], {}

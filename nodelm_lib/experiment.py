@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+import numpy as np
 from tqdm import tqdm
 
 from .config import TONG_HYPERNETWORK, ModelConfig, TrainConfig, for_arch, to_dict, with_values
@@ -199,8 +200,12 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
     threads = max(1, (os.cpu_count() or 1) // workers)
     hashes = [with_tokenizer_vocab(tc).config_hash() for tc in configs]
     unique = dict(zip(hashes, configs))
+    to_train = {h: tc for h, tc in unique.items() if finished_record(tc, store, checkpoints, need_checkpoint) is None}
+    cost = dict(zip(to_train, expected_seconds(list(to_train.values()), store)))
+    longest_first = sorted(unique, key=lambda h: -cost.get(h, 0.0))  # stored runs (cost 0) return at once
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = {h: pool.submit(run, tc, store, checkpoints, True, need_checkpoint, threads) for h, tc in unique.items()}
+        futures = {h: pool.submit(run, unique[h], store, checkpoints, True, need_checkpoint, threads)
+                   for h in longest_first}
         try:
             for future in concurrent.futures.as_completed(futures.values()):
                 future.result()  # the first failure stops the sweep (its children are stopped by run)
@@ -212,6 +217,49 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
         finally:
             bar.close()
     return [futures[h].result() for h in hashes]
+
+
+def train_all(configs: Iterable[TrainConfig], store: str | Path = DEFAULT_STORE,
+              checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, need_checkpoint: bool = False,
+              workers: int = 1, progress: bool = True, launcher=None) -> list[RunRecord]:
+    """Train every config the store lacks (``run``: each once, in any order) and return the
+    records in the order given. With ``workers > 1`` the runs go longest first
+    (``expected_seconds``).
+
+    Why it exists: a notebook whose steps each train a set of runs (a learning-rate search
+    and its full-length check; ablations and fine-tuning) leaves a worker idle at the end of
+    every step while the last run finishes. Passing the union of the independent steps'
+    configs here first trains them in one pool; the steps then read their runs back."""
+    configs = list(configs)
+    return _run_all(configs, store, checkpoints, isolate, need_checkpoint, workers, progress,
+                    labels=[f"run {i}" for i in range(len(configs))], launcher=launcher)
+
+
+def expected_seconds(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE) -> list[float]:
+    """A guess at each config's training time, good enough to order runs by: its steps times
+    the seconds per step that the store's records measured for the same model, batch and device
+    (a learning-rate search trains every arm of a sweep first), or else its training FLOPs at
+    the median seconds per FLOP of those records (FLOPs alone, in arbitrary units, if none)."""
+    from .estimate import forward_flops
+
+    def key(config: dict) -> str:
+        return repr([config["model"], config["batch_size"], config["seq_len"], config["device"], config["dtype"]])
+
+    per_step: dict[str, list[float]] = {}
+    per_flop = []
+    for record in load_records(store):
+        steps, c = len(record.metrics), record.config
+        if record.status == "completed" and steps and record.train_time_s > 0:
+            per_step.setdefault(key(c), []).append(record.train_time_s / steps)
+            per_flop.append(record.train_time_s / steps / (record.flops_per_token * c["batch_size"] * c["seq_len"]))
+    rate = float(np.median(per_flop)) if per_flop else 1.0
+    guesses = []
+    for tc in configs:
+        tc = with_tokenizer_vocab(tc)
+        measured = per_step.get(key(to_dict(tc)))
+        step = float(np.median(measured)) if measured else rate * forward_flops(tc) * tc.batch_size * tc.seq_len
+        guesses.append(tc.max_steps * step)
+    return guesses
 
 
 # --------------------------------------------------------------------------- learning rates
@@ -239,9 +287,7 @@ def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs: Iterable[
     if seed in set(reported_seeds):
         raise ValueError(f"seed={seed} is one of the reported seeds {sorted(set(reported_seeds))}: select learning "
                          "rates on a seed whose runs are not reported")
-    short = with_values(base, {"max_steps": max_steps}) if max_steps is not None else base
-    configs = [(name, lr, with_values(short, {**overrides, "lr": lr, "seed": seed}))
-               for name, overrides in arms.items() for lr in lrs]
+    configs = lr_search_configs(base, arms, lrs, seed, max_steps)
     records = _run_all([tc for _, _, tc in configs], store, checkpoints, isolate, False, workers, progress,
                        labels=[f"{name} lr {lr:g}" for name, lr, _ in configs], launcher=launcher)
     table = pd.DataFrame([{"arm": name, "lr": lr, "seed": seed, "steps": tc.max_steps,
@@ -251,6 +297,21 @@ def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs: Iterable[
     best = table.assign(rank=table["val_loss"].fillna(math.inf)).groupby("arm", sort=False)["rank"].idxmin()
     table["selected"] = table.index.isin(best.values) & table["val_loss"].notna()
     return table
+
+
+def lr_search_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs: Iterable[float], seed: int,
+                      max_steps: int | None = None) -> list[tuple[str, float, TrainConfig]]:
+    """(arm, lr, config) of every run ``select_lr`` trains (``train_all`` can train them
+    together with another step's runs)."""
+    short = with_values(base, {"max_steps": max_steps}) if max_steps is not None else base
+    return [(name, lr, with_values(short, {**overrides, "lr": lr, "seed": seed}))
+            for name, overrides in arms.items() for lr in sorted(set(float(lr) for lr in lrs))]
+
+
+def sweep_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection=None
+                  ) -> list[tuple[str, int, TrainConfig]]:
+    """(arm, seed, config) of every run ``sweep`` trains with these arguments."""
+    return _selected_arm_configs(base, arms, seeds, lr_selection)[0]
 
 
 def _selected_arm_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection

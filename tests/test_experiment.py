@@ -17,6 +17,8 @@ import torch
 import nodelm_lib as nl
 import nodelm_lib.store as store_module
 from nodelm_lib import experiment
+from nodelm_lib.config import with_values
+from nodelm_lib.estimate import forward_flops
 from nodelm_lib.experiment import arm_configs, check_protocol, record_path, record_row, time_to_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,6 +147,48 @@ def test_every_arm_of_a_seed_sees_the_same_batches(monkeypatch):
     assert len(batches) == 3 and all(len(b) == 6 for b in batches)
     for other in batches[1:]:
         assert all(torch.equal(a, b) for a, b in zip(batches[0], other))
+
+
+def _fake_record(tc: nl.TrainConfig, seconds_per_step: float, steps: int = 10) -> nl.RunRecord:
+    from nodelm_lib.config import to_dict
+    from nodelm_lib.train import with_tokenizer_vocab
+
+    tc = with_tokenizer_vocab(tc)
+    return nl.RunRecord(config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
+                        metrics=[{"step": i + 1, "loss": 1.0} for i in range(steps)], flops_per_token=1e6,
+                        train_time_s=seconds_per_step * steps)
+
+
+def test_expected_seconds_uses_measured_step_times_then_flops(tmp_path):
+    """A model measured slow in the store is expected slow whatever its FLOPs; a model never
+    measured is priced by its FLOPs at the store's seconds per FLOP."""
+    store = tmp_path / "runs"
+    store.mkdir()
+    small, wide = tiny(), with_values(tiny(), {"model.d_model": 64})
+    _fake_record(with_values(small, {"seed": 7}), seconds_per_step=0.5).to_json(record_path(store, "a"))
+    guess = experiment.expected_seconds([small, tiny(max_steps=24), wide], store)
+    assert guess[0] == pytest.approx(12 * 0.5) and guess[1] == pytest.approx(24 * 0.5)  # measured, times steps
+    # unmeasured: FLOPs at the record's 0.5 s per (1e6 FLOPs x 128 tokens)
+    expected = 12 * 0.5 / (1e6 * 128) * forward_flops(wide) * 128
+    assert guess[2] == pytest.approx(expected)
+
+
+def test_parallel_runs_start_longest_first(tmp_path, monkeypatch):
+    started = []
+
+    def fake_run(tc, store, checkpoints, isolate, need_checkpoint, threads):
+        started.append(tc.max_steps)
+        return _fake_record(tc, 0.0)
+
+    monkeypatch.setattr(experiment, "run", fake_run)
+    steps = [3, 40, 7, 25, 12, 1]
+    records = experiment.train_all([tiny(max_steps=n) for n in steps], store=tmp_path / "runs",
+                                   checkpoints=tmp_path / "ckpt", isolate=True, workers=2, progress=False)
+    assert [len(r.metrics) for r in records] == [10] * len(steps)  # records in the order given
+    assert [r.config["max_steps"] for r in records] == steps
+    by_length = sorted(steps, reverse=True)
+    # two threads take the queue in order; adjacent runs may swap when both start at once
+    assert all(abs(started.index(n) - by_length.index(n)) <= 1 for n in steps), started
 
 
 def test_arms_may_differ_only_in_their_model():
