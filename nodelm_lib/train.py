@@ -208,15 +208,32 @@ def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW
 
 def grad_norms(model: CausalLM, groups: dict[str, list[str]]) -> dict[str, float]:
     """L2 norm of the gradient, in total and per module group (before clipping)."""
+    return _grad_norms(model, groups)[0]
+
+
+def _grad_norms(model: CausalLM, groups: dict[str, list[str]]) -> tuple[dict[str, float], list, list]:
+    """``grad_norms``, the gradients and their norms (tensors), for ``clip_gradients``."""
     named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
     if not named:
         raise RuntimeError("no parameter has a gradient: was backward() called?")
-    values = torch.stack(torch._foreach_norm([g for _, g in named])).float().tolist()  # one host sync
+    grads = [g for _, g in named]
+    per_tensor = list(torch._foreach_norm(grads))
+    values = torch.stack(per_tensor).float().tolist()  # one host sync
     norms = dict(zip((n for n, _ in named), values))
     squares = {g: sum(norms[n] ** 2 for n in members if n in norms) for g, members in groups.items()}
     out = {"grad_norm": math.sqrt(sum(squares.values()))}
     out.update({f"grad_norm/{g}": math.sqrt(s) for g, s in squares.items()})
-    return out
+    return out, grads, per_tensor
+
+
+def clip_gradients(grads: list[torch.Tensor], norms: list[torch.Tensor], max_norm: float) -> None:
+    r"""``torch.nn.utils.clip_grad_norm_`` from per-tensor norms already computed: every gradient
+    scaled by :math:`\min(1, c / (\lVert(\lVert g_i\rVert)_i\rVert + 10^{-6}))`, by the same
+    operations, so to the same numbers, with one pass over the gradients instead of two
+    (``grad_norms`` has read them once; node's 13M hypernetwork parameters make that pass
+    ~3 ms of a step at 02's cpu config)."""
+    total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
 
 
 @torch.no_grad()
@@ -585,12 +602,12 @@ def _train_step(model, step_model, optimizer, tc, step, train_tokens, batch_gen,
         raise NonFiniteError(f"non-finite loss ({loss_value}) at step {step + 1}", record)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    norms = grad_norms(model, groups)
+    norms, grads, per_tensor = _grad_norms(model, groups)
     if not math.isfinite(norms["grad_norm"]):
         bad = [g for g, v in norms.items() if not math.isfinite(v)]
         raise NonFiniteError(f"non-finite gradient at step {step + 1} in {', '.join(bad)}", record)
     if tc.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        clip_gradients(grads, per_tensor, tc.grad_clip)
     optimizer.step()
     solver_counts = {f"ode/{key}": value for key, value in model.ode_stats().items()}
     return {"step": step + 1, "loss": loss_value, "lr": lr, **norms, **solver_counts}
