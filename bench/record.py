@@ -9,7 +9,8 @@ one thread each):
 
 * **02 cpu step**: one training step (forward, backward, gradient clipping, fused AdamW) of
   every arm of notebook 02's cpu profile (d=128, 4 heads, depth 4, batch 12 x 64 characters,
-  node with Tong et al.'s hypernetwork sizes) against ``gpt``'s. Each arm trains in a fresh
+  node with Tong et al.'s hypernetwork sizes) against ``gpt``'s, with nl.train's allocator
+  setting (``keep_freed_memory``) and its gradient norms and clipping. Each arm trains in a fresh
   process as in the sweep, the arms taking turns (``--rounds`` processes each, so a slow period
   of the machine hits them alike); the median step. Also the ratio of forward FLOPs per
   token: a ratio of times near the
@@ -20,7 +21,8 @@ one thread each):
   training step, in the same round robin.
 * **decode**: ``nl.generate`` of ``--decode-tokens`` greedy tokens after a 16-token prompt with
   the cache against without it, per arch, at notebook 06's cpu sizes (d=64, 4 heads, depth 4).
-* **baby config**: ``gpt``'s training tokens/s at nanoGPT's CPU baby config (the 02 step above).
+* **baby config**: ``gpt``'s training tokens/s at nanoGPT's CPU baby config (65 characters)
+  against ``bench/nanogpt_reference.py`` (``nanogpt_vs_ours.py``'s turns, in this process).
 """
 
 from __future__ import annotations
@@ -44,19 +46,23 @@ import nodelm_lib as nl  # noqa: E402
 from nodelm_lib.experiment import architecture_arms  # noqa: E402
 from nodelm_lib.models import count_params  # noqa: E402
 from nodelm_lib.profiling import cpu_description, forward_flops_per_token, keep_freed_memory  # noqa: E402
+from nodelm_lib.train import _grad_norms, clip_gradients  # noqa: E402
 from seed_reference import SeedLM, seed_training_step  # noqa: E402
 
 TARGETS = {"ti_ssm": 1.5, "node": 1.2, "ti_mlp": 1.2, "hybrid": 1.2}  # max step-time ratio to gpt (issue 20)
 
 
 def our_training_step(model, optimizer):
-    """nl.train's step without the data and logging: loss, backward, clip to 1, fused AdamW."""
+    """nl.train's step without the data and the learning-rate schedule: loss, backward, the
+    per-group gradient norms it logs, clipping to 1 from those norms, fused AdamW."""
+    groups = model.param_groups()
 
     def step(x, y):
         optimizer.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
+        _, loss = model(x, y, return_logits=False)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        _, grads, norms = _grad_norms(model, groups)
+        clip_gradients(grads, norms, 1.0)
         optimizer.step()
 
     return step
@@ -121,13 +127,9 @@ def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
     for name in arms:
         ratio = median[name] / median["gpt"]
         rows.append(dict(benchmark="02 cpu training step", case=name, value=1000 * median[name], unit="ms/step",
-                         reference="gpt", reference_value=1000 * median["gpt"], ratio=ratio,
+                         reference="gpt", reference_value=1000 * median["gpt"], ratio=None if name == "gpt" else ratio,
                          flops_ratio=flops[name] / flops["gpt"], target=TARGETS.get(name),
                          met=None if name not in TARGETS else bool(ratio <= TARGETS[name])))
-    tokens = 12 * 64
-    rows.append(dict(benchmark="baby config (nanoGPT CPU)", case="gpt", value=tokens / median["gpt"],
-                     unit="tokens/s", reference=None, reference_value=None, ratio=None, flops_ratio=None,
-                     target=None, met=None))
     return rows
 
 
@@ -178,6 +180,27 @@ def bench_decode(new_tokens: int) -> list[dict]:
     return rows
 
 
+def bench_nanogpt(rounds: int, steps: int = 20) -> list[dict]:
+    """``gpt`` trained by nl.train's own step against the nanoGPT reference at its CPU baby config
+    (``nanogpt_vs_ours.py``: same process, turns in alternating order, first step of a turn not
+    timed), with this library's allocator setting (``keep_freed_memory``, as nl.train on a CPU)."""
+    from nanogpt_vs_ours import BABY, Ours, Reference, run_turn, training_ids
+
+    keep_freed_memory()
+    ids, _ = training_ids(65)
+    cfg = dataclasses.replace(BABY, vocab_size=65, bias=False)
+    runners = {"reference": Reference(cfg, ids), "ours": Ours(cfg, ids, bias=True)}
+    times = {name: [] for name in runners}
+    for r in range(rounds):
+        for name in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
+            times[name] += run_turn(runners[name], steps)[0]
+    ours, ref = (float(np.median(times[n])) for n in ("ours", "reference"))
+    tokens = cfg.batch_size * cfg.block_size
+    return [dict(benchmark="baby config step vs nanoGPT", case="gpt", value=tokens / ours, unit="tokens/s",
+                 reference="nanoGPT", reference_value=tokens / ref, ratio=ref / ours, flops_ratio=None,
+                 target=1.3, met=bool(ref / ours >= 1.3))]
+
+
 def machine(threads: int) -> dict:
     return dict(cpu_description(), torch=torch.__version__, python=platform.python_version(), threads=threads,
                 date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
@@ -204,7 +227,7 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1, help="threads of the 02 and decode measurements")
     parser.add_argument("--seed-threads", type=int, default=os.cpu_count(), help="threads at the seed config")
-    parser.add_argument("--only", choices=["02", "seed", "decode"], action="append")
+    parser.add_argument("--only", choices=["02", "seed", "decode", "nanogpt"], action="append")
     parser.add_argument("--out", default="results/bench_cpu", help="path stem of the .json and .csv")
     parser.add_argument("--child-arm", help=argparse.SUPPRESS)  # one arm's steps, printed as JSON
     args = parser.parse_args()
@@ -216,7 +239,7 @@ def main() -> None:
     print(info, flush=True)
     rows = []
     parts = {"02": lambda: bench_02_cpu(args.rounds, args.threads), "seed": lambda: bench_seed_config(3 * args.rounds, args.seed_threads),
-             "decode": lambda: bench_decode(args.decode_tokens)}
+             "decode": lambda: bench_decode(args.decode_tokens), "nanogpt": lambda: bench_nanogpt(args.rounds)}
     for name in args.only or list(parts):
         for r in parts[name]():
             r["threads"] = args.seed_threads if name == "seed" else args.threads
