@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import torch
 
 from .config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
-from .experiment import _run_all, _selected_arm_configs, selected_lrs
+from .experiment import _run_all, selected_lrs, sweep_configs
 from .store import DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path
 from .train import RunRecord, eval_batches, evaluate, with_tokenizer_vocab
 
@@ -212,7 +212,7 @@ def depth_transfer_configs(base: TrainConfig, arms: Mapping[str, Mapping[str, An
     full_budget = dict(full_budget or {})
     if unknown := set(full_budget) - set(arms):
         raise ValueError(f"full_budget names arms {sorted(unknown)} that are not transfer arms {list(arms)}")
-    parents, _ = _selected_arm_configs(base, dict(arms), seeds, lr_selection)
+    parents = sweep_configs(base, dict(arms), seeds, lr_selection)
     jobs = [(name, seed, parent_tc, variant, m, tc) for name, seed, parent_tc in parents
             for variant, m, tc in transfer_configs(parent_tc, to_steps, fraction, lr_scale, full_budget.get(name))]
     return parents, jobs

@@ -232,7 +232,7 @@ def train_all(configs: Iterable[TrainConfig], store: str | Path = DEFAULT_STORE,
     configs here first trains them in one pool; the steps then read their runs back."""
     configs = list(configs)
     return _run_all(configs, store, checkpoints, isolate, need_checkpoint, workers, progress,
-                    labels=[f"run {i}" for i in range(len(configs))], launcher=launcher)
+                    labels=[f"{tc.model.arch} seed {tc.seed}, {tc.max_steps} steps" for tc in configs], launcher=launcher)
 
 
 def expected_seconds(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE) -> list[float]:
