@@ -201,7 +201,7 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
     hashes = [with_tokenizer_vocab(tc).config_hash() for tc in configs]
     unique = dict(zip(hashes, configs))
     to_train = {h: tc for h, tc in unique.items() if finished_record(tc, store, checkpoints, need_checkpoint) is None}
-    cost = dict(zip(to_train, expected_seconds(list(to_train.values()), store)))
+    cost = dict(zip(to_train, expected_seconds(list(to_train.values()), store))) if to_train else {}
     longest_first = sorted(unique, key=lambda h: -cost.get(h, 0.0))  # stored runs (cost 0) return at once
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         futures = {h: pool.submit(run, unique[h], store, checkpoints, True, need_checkpoint, threads)
@@ -249,7 +249,7 @@ def expected_seconds(configs: list[TrainConfig], store: str | Path = DEFAULT_STO
     per_flop = []
     for record in load_records(store):
         steps, c = len(record.metrics), record.config
-        if record.status == "completed" and steps and record.train_time_s > 0:
+        if record.status == "completed" and steps and record.train_time_s > 0 and record.flops_per_token > 0:
             per_step.setdefault(key(c), []).append(record.train_time_s / steps)
             per_flop.append(record.train_time_s / steps / (record.flops_per_token * c["batch_size"] * c["seq_len"]))
     rate = float(np.median(per_flop)) if per_flop else 1.0

@@ -78,28 +78,30 @@ def keep_freed_memory(largest_heap_chunk_mb: int = 32, keep_mb: int = 1024) -> b
     it measures. Numbers are unchanged: only where memory comes from. Returns False where this
     is not glibc (nothing changed).
     """
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, largest_heap_chunk_mb * 2**20)
+                                     and libc.mallopt(M_TRIM_THRESHOLD, keep_mb * 2**20))
+
+
+def _glibc():
+    """glibc through ctypes (with ``mallopt`` and ``malloc_trim``), or None elsewhere."""
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, largest_heap_chunk_mb * 2**20)
-                    and libc.mallopt(M_TRIM_THRESHOLD, keep_mb * 2**20))
-    except (OSError, AttributeError):
-        return False
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
 
 
 def _track_live_tensors_in_rss() -> bool:
     """Prepare glibc (see ``peak_memory_mb``); False where that is not possible."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        ready = bool(libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024)) and os.access("/proc/self/clear_refs", os.W_OK)
-        if ready:
-            libc.malloc_trim(0)
-        return ready
-    except (OSError, AttributeError):
-        return False
+    libc = _glibc()
+    ready = libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024)) \
+        and os.access("/proc/self/clear_refs", os.W_OK)
+    if ready:
+        libc.malloc_trim(0)
+    return ready
 
 
 def _proc_status_mb(key: str) -> float:
