@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from .models.common import CausalLM
+from . import fast_decode
 from .decode_cache import DecodeCache
 from .ode.solve import FIXED_STEP_METHODS
 
@@ -94,17 +95,23 @@ def generate(model: CausalLM, idx: torch.Tensor, max_new_tokens: int, temperatur
     window = model.cfg.max_seq_len
     was_training = model.training
     model.eval()
+    fast = use_cache and fast_decode.supports(model, model_kwargs)
     out, cache, steps_logits = idx, None, []
     try:
         for _ in range(max_new_tokens):
             if not use_cache:
-                logits, _ = model(out[:, -window:], **model_kwargs)
-            elif cache is None or cache.length == window:  # first pass, or the window is full: rebuild
+                last = model(out[:, -window:], **model_kwargs)[0][:, -1]
+            elif fast:  # frozen weights, plain functions (fast_decode)
+                if cache is None or cache.length == window:  # first pass, or the window is full: rebuild
+                    cache = fast_decode.FastDecoder(model, window, **model_kwargs)
+                    last = cache(out[:, -window:])
+                else:
+                    last = cache(out[:, -1:])
+            elif cache is None or cache.length == window:
                 cache = DecodeCache(window)
-                logits, _ = model(out[:, -window:], cache=cache, **model_kwargs)
+                last = model(out[:, -window:], cache=cache, **model_kwargs)[0][:, -1]
             else:
-                logits, _ = model(out[:, -1:], cache=cache, **model_kwargs)
-            last = logits[:, -1]
+                last = model(out[:, -1:], cache=cache, **model_kwargs)[0][:, -1]
             steps_logits.append(last)
             token = sample_next(last, temperature, top_k, top_p, generator)
             out = torch.cat([out, token], dim=1)

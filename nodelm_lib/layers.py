@@ -44,15 +44,24 @@ def causal_attention(qkv: torch.Tensor, n_heads: int, dropout_p: float = 0.0) ->
 
     While decoding with a ``DecodeCache``, the T new positions attend to the cached keys and
     values of this call site as well as to each other (causally)."""
+    cache = active_cache()
+    if cache is None:
+        return attend(qkv, n_heads, dropout_p=dropout_p)
+    return attend(qkv, n_heads, cache.slot(), cache.length, cache.capacity, dropout_p)
+
+
+def attend(qkv: torch.Tensor, n_heads: int, slot: dict | None = None, past: int = 0, capacity: int = 0,
+           dropout_p: float = 0.0) -> torch.Tensor:
+    """``causal_attention`` with its decoding state explicit: with a ``slot``, the keys and values
+    of ``past`` earlier positions are read from it (buffers of ``capacity`` positions) and the
+    new ones written to it (``fast_decode`` calls this directly)."""
     B, T, D3 = qkv.shape
     D = D3 // 3
-    # (B, T, D) -> (B, H, T, d_h)
-    q, k, v = (z.view(B, T, n_heads, D // n_heads).transpose(1, 2) for z in qkv.split(D, dim=2))
+    # (B, T, 3D) -> (3, B, H, T, d_h): q, k, v as views, in three ops whatever the decoding state
+    q, k, v = qkv.view(B, T, 3, n_heads, D // n_heads).permute(2, 0, 3, 1, 4).unbind(0)
     mask, is_causal = None, True
-    cache = active_cache()
-    if cache is not None:
-        k, v = _extend_kv(cache.slot(), k, v, cache.length, cache.capacity)
-        past = cache.length
+    if slot is not None:
+        k, v = _extend_kv(slot, qkv, k, past, capacity)
         if past and T == 1:  # one new query sees every key
             is_causal = False
         elif past:  # query i (position past + i) sees keys 0 .. past + i
@@ -61,16 +70,16 @@ def causal_attention(qkv: torch.Tensor, n_heads: int, dropout_p: float = 0.0) ->
     return y.transpose(1, 2).contiguous().view(B, T, D)
 
 
-def _extend_kv(slot: dict, k: torch.Tensor, v: torch.Tensor, past: int, capacity: int):
-    """Write the new keys/values at positions past .. past + T into the slot's buffers
-    (allocated once, at the cache's capacity) and return views of everything so far."""
-    if "k" not in slot:
-        B, H, _, dh = k.shape
-        slot["k"], slot["v"] = (k.new_empty(B, H, capacity, dh) for _ in range(2))
-    end = past + k.shape[2]
-    slot["k"][:, :, past:end] = k
-    slot["v"][:, :, past:end] = v
-    return slot["k"][:, :, :end], slot["v"][:, :, :end]
+def _extend_kv(slot: dict, qkv: torch.Tensor, k: torch.Tensor, past: int, capacity: int):
+    """Write the new keys and values (of ``qkv``; ``k`` is the keys' (B, H, T, d_h) view) at
+    positions past .. past + T of the slot's buffer (2, B, H, capacity, d_h), allocated once,
+    in one copy; return views of the keys and values so far."""
+    B, H, T, dh = k.shape
+    if "kv" not in slot:
+        slot["kv"] = k.new_empty(2, B, H, capacity, dh)
+    kv = slot["kv"]  # narrow / copy_ / unbind: single ops, where slice indexing parses in Python
+    kv.narrow(3, past, T).copy_(qkv.view(B, T, 3, H, dh).narrow(2, 1, 2).permute(2, 0, 3, 1, 4))
+    return kv.narrow(3, 0, past + T).unbind(0)
 
 
 def mlp_hidden(d_model: int, ratio: float) -> int:

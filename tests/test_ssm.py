@@ -236,3 +236,22 @@ def test_selective_scan_with_as_many_states_as_channels():
     y_ref, last_ref = selective_scan_reference(*inputs)
     torch.testing.assert_close(y, y_ref, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(last, last_ref, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_one_position_without_gradients_matches_reference(with_h0):
+    """A decoding step (T = 1, no gradient wanted) takes the short path (``_scan_step``): the
+    sequential recurrence's output and state to 1e-12; with gradients wanted, T = 1 still
+    goes through the differentiable scan, with the reference's gradients."""
+    x, delta, A, B_s, C_s, h0 = (t.detach() for t in _scan_inputs(torch.float64, T=1))
+    h0 = h0 if with_h0 else None
+    y_ref, last_ref = selective_scan_reference(x, delta, A, B_s, C_s, *([h0] if with_h0 else []))
+    with torch.no_grad():
+        y, last = selective_scan(x, delta, A, B_s, C_s, h0)
+    torch.testing.assert_close(y, y_ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(last, last_ref, atol=1e-12, rtol=0)
+    x.requires_grad_(True)
+    y, _ = selective_scan(x, delta, A, B_s, C_s, h0)
+    y_ref, _ = selective_scan_reference(x, delta, A, B_s, C_s, *([h0] if with_h0 else []))
+    torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], torch.autograd.grad(y_ref.sum(), x)[0],
+                               atol=1e-12, rtol=0)

@@ -53,8 +53,13 @@ class NodeField(nn.Module):
         if grid is not None:  # every weight at every grid time at once (``time_grid.TimeGrid``)
             code = grid.point(t, self, lambda times: time_codes(times, self.time_features).to(x.device))
         else:
-            code = cached_per_call(lambda: time_code(t, self.time_features).to(x.device))  # t alone: once per stage
+            code = cached_per_call(lambda: self.code_at(t, x.device))  # t alone: once per stage
         return self.attn(self.ln_1(x, code), code) + self.mlp(self.ln_2(x, code), code)
+
+
+    def code_at(self, t: torch.Tensor, device) -> torch.Tensor:
+        """The time code phi(t) every time-dependent layer of one evaluation reads."""
+        return time_code(t, self.time_features).to(device)
 
 
 class NeuralODETransformer(ContinuousDepthLM):

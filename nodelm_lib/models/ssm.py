@@ -245,7 +245,21 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B_s: t
         raise ValueError(f"x and delta must have the same shape (B, T, D); got {tuple(x.shape)} and {tuple(delta.shape)}")
     if block < 1:
         raise ValueError(f"block={block} must be a positive number of positions")
+    if x.shape[1] == 1 and not (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, delta, A, B_s, C_s, h0))):
+        return _scan_step(x, delta, A, B_s, C_s, h0)
     return _SelectiveScan.apply(x, delta, A, B_s, C_s, h0, block)
+
+
+def _scan_step(x, delta, A, B_s, C_s, h0):
+    """One position of the scan without autograd (a decoding step): h = exp(Delta A) * h0 +
+    Delta x B, y = h C, in the natural (B, D, N) layout. A third of the time-major kernel's
+    ops, whose layout pays off only over many positions; the same values up to rounding."""
+    d = delta[:, 0, :, None]  # (B, D, 1)
+    h = (d * x[:, 0, :, None]) * B_s[:, 0, None, :]  # (B, D, N)
+    if h0 is not None:
+        h = h.addcmul_(torch.exp(d * A), h0)
+    return torch.matmul(h, C_s[:, 0, :, None]).transpose(1, 2), h  # y (B, 1, D), last state (B, D, N)
 
 
 def scan_with(recurrence):
