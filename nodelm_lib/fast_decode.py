@@ -148,21 +148,21 @@ def _mix(mixer, u: torch.Tensor, slot: dict) -> torch.Tensor:
     return F.linear(y * F.silu(z), *mixer.out_proj)
 
 
+def _attention(frozen: Frozen, h: torch.Tensor, slot: dict, past: int, capacity: int) -> torch.Tensor:
+    y = attend(F.linear(h, *frozen.qkv), frozen.n_heads, slot, past, capacity)
+    return F.linear(y, *frozen.proj)
+
+
 def run(frozen: Frozen, x: torch.Tensor, slot: dict, past: int, capacity: int) -> torch.Tensor:
     """The new positions x (B, T, D) through one frozen evaluation; ``slot`` holds its keys,
     values and SSM state over the ``past`` earlier positions."""
-
-    def attention(h: torch.Tensor) -> torch.Tensor:
-        y = attend(F.linear(h, *frozen.qkv), frozen.n_heads, slot, past, capacity)
-        return F.linear(y, *frozen.proj)
-
     if frozen.form == "sequential":
-        x = x + attention(_layer_norm(x, frozen.ln_1))
+        x = x + _attention(frozen, _layer_norm(x, frozen.ln_1), slot, past, capacity)
         return x + _mix(frozen.mixer, _layer_norm(x, frozen.ln_2), slot)
     h = x
     for shift in frozen.shifts:
         h = h + shift
-    a = attention(_layer_norm(h, frozen.ln_1))
+    a = _attention(frozen, _layer_norm(h, frozen.ln_1), slot, past, capacity)
     m = _mix(frozen.mixer, _layer_norm(h, frozen.ln_2), slot)
     if frozen.form == "parallel":
         return x + a + m
@@ -232,6 +232,7 @@ class FastDecoder:
         self.model, self.control = model, control
         self.stages = _stages(model)
         self.cache = DecodeCache(capacity)
+        self._solves: dict[ODEBlock, tuple] = {}
 
     @property
     def length(self) -> int:
@@ -257,14 +258,19 @@ class FastDecoder:
 
     def _solve(self, block: ODEBlock, x: torch.Tensor) -> torch.Tensor:
         """``ODEBlock.forward`` without gradient bookkeeping: the solver's own loop over frozen
-        field evaluations, with ``vector_field``'s two switches."""
-        control = block._check_control(self.control, x) if isinstance(block, HybridODEBlock) else None
-        steps = float(block.ode.n_steps)
+        field evaluations, with ``vector_field``'s two switches. The solver, its grid and the
+        control are the same in every pass: set up on the first."""
+        if block not in self._solves:
+            solver, t = block.solver(), block.times(x.dtype, x.device)
+            control = block._check_control(self.control, x) if isinstance(block, HybridODEBlock) else None
+            self._solves[block] = solver, t, solver.step_times(t), control
+        solver, t, grid, control = self._solves[block]
+        constant, residual, steps = block.modulation == "constant", block.integration == "residual", float(block.ode.n_steps)
 
         def field(t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-            if block.modulation == "constant":
+            if constant:
                 t = torch.zeros_like(t)
             out = self._evaluate(lambda: freeze_field(block.field, t, control, x.device), h)
-            return out * steps if block.integration == "residual" else out
+            return out * steps if residual else out
 
-        return block.solver().march(field, x, block.times(x.dtype, x.device))[0][-1]
+        return solver.march(field, x, t, grid=grid)[0][-1]

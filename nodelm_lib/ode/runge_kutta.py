@@ -56,7 +56,11 @@ def rk_stages(field: Field, tableau: ButcherTableau, t0: Tensor, dt: Tensor, x: 
             for a_ij, k_j in zip(a_i, k):
                 if a_ij != 0.0:
                     x_i = torch.addcmul(x_i, k_j, dt, value=a_ij)
-        k.append(field(t1 if t1 is not None and c_i == 1.0 else t0 + c_i * dt, x_i))
+        if t1 is not None and c_i == 1.0:
+            t_i = t1
+        else:  # t0 itself at c_i = 0 (t0 + 0 dt is t0: two tensor ops saved per step)
+            t_i = t0 if c_i == 0.0 else t0 + c_i * dt
+        k.append(field(t_i, x_i))
     if x1 is None:
         x1 = torch.addcmul(x, _weighted_sum(tableau.b, k), dt)
     return RKStep(x1, k, _embedded_error(tableau, dt, k) if error else None)

@@ -113,18 +113,19 @@ class Solver:
         return torch.stack(self.march(field, x0, t, counters)[0])
 
     def march(self, field: Field, x0: torch.Tensor, t: torch.Tensor, counters: SolverCounters | None = None,
-              step: Callable | None = None) -> tuple[list[torch.Tensor], object]:
+              step: Callable | None = None, grid: list | None = None) -> tuple[list[torch.Tensor], object]:
         """The fixed-step loop: (x at every time in ``t``, the scheme's state at the end).
 
         ``step`` replaces ``self.scheme.step`` (same signature), e.g. by one that is
-        recomputed in backward. Evaluations are counted, not observed: no side effect inside
-        the field.
+        recomputed in backward. ``grid`` is ``self.step_times(t)`` when the caller already has
+        it (a decoder solving the same grid once per token). Evaluations are counted, not
+        observed: no side effect inside the field.
         """
         scheme, k = self.scheme, self.steps_per_interval
         state = scheme.init(field, t[0], x0)
         step = step or scheme.step
         xs = [x0]
-        grid = self.step_times(t)
+        grid = self.step_times(t) if grid is None else grid
         for m, (s, dt) in enumerate(grid):
             state = step(field, s, dt, state)
             if (m + 1) % k == 0:
