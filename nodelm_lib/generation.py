@@ -5,7 +5,9 @@ only on positions <= i, so the keys and values of each (step, stage) evaluation 
 can be cached exactly like those of a discrete layer; so can ti_ssm's recurrent state and
 the time-dependent weights of node / ti_* (they depend on t alone).
 ``decode_cache.DecodeCache`` holds one slot per call site; a new token then costs one pass over
-one position.
+one position. For the library's own models that pass runs through ``fast_decode.FastDecoder``
+(each call site's weights frozen on the first pass, plain functions after); any other model
+through its modules (``model(idx, cache=cache)``).
 
 Positions are absolute (learned position embeddings), so when the sequence outgrows
 ``max_seq_len`` the context is cropped to the last ``max_seq_len`` tokens and the cache is
