@@ -174,8 +174,8 @@ def run(frozen: Frozen, x: torch.Tensor, slot: dict, past: int, capacity: int) -
 
 @contextlib.contextmanager
 def _without_onednn():
-    """CPU kernels without oneDNN: its GELU builds a primitive per call, ~8 us of the ~10 that a
-    256-element GELU costs (the native kernel: ~2 us); decoding's tensors are that small.
+    """float32 CPU kernels without oneDNN: its GELU builds a primitive per call, ~8 us of the ~10
+    that a 256-element GELU costs (the native kernel: ~2 us); decoding's tensors are that small.
     Measured on an AVX2 EPYC: 15-20% of a token for gpt, hybrid, node, ti_mlp; same tokens."""
     previous = torch.backends.mkldnn.enabled
     torch.backends.mkldnn.enabled = False
@@ -233,6 +233,8 @@ class FastDecoder:
         self.stages = _stages(model)
         self.cache = DecodeCache(capacity)
         self._solves: dict[ODEBlock, tuple] = {}
+        weight = model.wte.weight  # float32 on a CPU: native kernels (bf16 matmuls want oneDNN)
+        self._native = weight.device.type == "cpu" and weight.dtype == torch.float32
 
     @property
     def length(self) -> int:
@@ -243,7 +245,7 @@ class FastDecoder:
         if past + T > model.cfg.max_seq_len:
             raise ValueError(f"sequence length {past + T} exceeds max_seq_len={model.cfg.max_seq_len}")
         x = model.wte.weight[idx] + model.wpe.weight[past:past + T]  # CausalLM.embed, without dropout
-        with self.cache.step(T), _without_onednn():
+        with self.cache.step(T), _without_onednn() if self._native else contextlib.nullcontext():
             for stage in self.stages:
                 x = self._solve(stage, x) if isinstance(stage, ODEBlock) else self._evaluate(lambda: freeze_block(stage), x)
             h = _layer_norm(x[:, -1], (model.ln_f.weight, model.ln_f.bias))
