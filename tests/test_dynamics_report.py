@@ -122,7 +122,7 @@ def test_findings_on_the_committed_cpu_tables_say_what_the_readme_says():
     # README: QK grows in node (4 of 4 heads) and ti_mlp (3 of 4); OV grows in one head of 8
     assert "QK: 7 of 8 heads end with a larger mean |λ| than they start, which **agrees** with" in text
     assert "OV: 1 of 8 heads end with a larger mean |λ| than they start, which **does not reproduce**" in text
-    assert "node QK 2.57, node OV 0.623, ti_mlp QK 1.54, ti_mlp OV 0.698." in text
+    assert "node QK 2.57, node OV 0.625, ti_mlp QK 1.54, ti_mlp OV 0.698." in text
     assert "- **ti_mlp · FF**: mean |λ| shrinks" in text and "- **node · FF**: mean |λ| grows" in text
     assert "33 of 64 positive" in text and "29 of 64 positive" in text
 
