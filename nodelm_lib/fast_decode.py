@@ -37,7 +37,7 @@ from .models.common import CausalLM, ODEBlock
 from .models.gpt import GPT
 from .models.hybrid import HybridField, HybridODEBlock, HybridODETransformer
 from .models.node import NeuralODETransformer, NodeField
-from .models.ssm import SelectiveSSM, SSMBlock, SSMTransformer, linear_recurrence, scan_with, selective_scan
+from .models.ssm import SelectiveSSM, SSMBlock, SSMTransformer
 from .models.time_indexed import TimeIndexedField, TimeIndexedMLP, TimeIndexedSSM
 from .time_layers import HyperLinear, ModulatedLinear, TimeLayerNorm, TimeMLP
 
@@ -95,10 +95,9 @@ def _norm(layer: nn.Module, code) -> Weights:
 
 def _mixer(layer: nn.Module, time_input) -> tuple[Weights, Weights] | FrozenSSM:
     if isinstance(layer, SelectiveSSM):
-        scan = selective_scan if layer.chunk_size is None else \
-            scan_with(lambda a, b: linear_recurrence(a, b, layer.chunk_size))
         return FrozenSSM(_linear(layer.in_proj, time_input), _linear(layer.x_proj, time_input),
-                         _linear(layer.out_proj, time_input), layer.A_at(time_input), layer.D_at(time_input), scan)
+                         _linear(layer.out_proj, time_input), layer.A_at(time_input), layer.D_at(time_input),
+                         layer.scan())
     return _linear(layer.c_fc, time_input), _linear(layer.c_proj, time_input)  # MLP, TimeMLP
 
 
@@ -270,9 +269,9 @@ class FastDecoder:
         constant, residual, steps = block.modulation == "constant", block.integration == "residual", float(block.ode.n_steps)
 
         def field(t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-            if constant:
-                t = torch.zeros_like(t)
-            out = self._evaluate(lambda: freeze_field(block.field, t, control, x.device), h)
+            # t matters on the first pass only, when the call site is frozen
+            out = self._evaluate(lambda: freeze_field(block.field, torch.zeros_like(t) if constant else t,
+                                                      control, x.device), h)
             return out * steps if residual else out
 
         return solver.march(field, x, t, grid=grid)[0][-1]

@@ -369,9 +369,14 @@ class SelectiveSSM(nn.Module):
         return self.D_base * 2 * torch.sigmoid(self.D_head(h))
 
     def forward(self, u: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
+        return self._forward(u, h, self.scan())
+
+    def scan(self):
+        """The scan this layer runs: the fused ``selective_scan``, or with ``chunk_size`` the
+        chunked linear recurrence."""
         if self.chunk_size is None:
-            return self._forward(u, h, selective_scan)
-        return self._forward(u, h, scan_with(lambda a, b: linear_recurrence(a, b, self.chunk_size)))
+            return selective_scan
+        return scan_with(lambda a, b: linear_recurrence(a, b, self.chunk_size))
 
     def reference_forward(self, u: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
         """``forward`` with the sequential scan: the ground truth for the fast ones."""
