@@ -255,3 +255,31 @@ def test_one_position_without_gradients_matches_reference(with_h0):
     y_ref, _ = selective_scan_reference(x, delta, A, B_s, C_s, *([h0] if with_h0 else []))
     torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], torch.autograd.grad(y_ref.sum(), x)[0],
                                atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 4])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_layers_scan_runs_in_float32_whatever_its_inputs_arrive_in(chunk_size, autocast):
+    """Under CUDA's autocast the scan's inputs arrive mixed (bf16 projections, a float32 softplus
+    and A(t)); a bf16-weight model gives it bf16 throughout. The layer's scan computes in float32
+    either way: values and gradients equal the float64 recurrence of the same (rounded) inputs to
+    float32 precision, y comes back in x's dtype, the state in float32."""
+    *inputs, h0 = _scan_inputs(torch.float32)
+    rounded = [t.detach().to(torch.bfloat16) if name in "xBC" else t.detach()
+               for name, t in zip(("x", "delta", "A", "B", "C"), inputs)]
+    mixed = [t.clone().requires_grad_() for t in rounded]
+    exact = [t.double().requires_grad_() for t in rounded]
+    scan = SelectiveSSM(5, 4, 6, chunk_size=chunk_size).scan()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y, last = scan(*mixed)
+    y_ref, last_ref = selective_scan_reference(*exact)
+    assert y.dtype == torch.bfloat16 and last.dtype == torch.float32
+    torch.testing.assert_close(y.double(), y_ref, atol=2e-2, rtol=1e-2)  # bf16 rounding of y only
+    torch.testing.assert_close(last.double(), last_ref, atol=1e-5, rtol=1e-5)
+    g_y = torch.randn(y.shape, dtype=torch.float64)
+    got = torch.autograd.grad((y.double() * g_y).sum() + last.sum(), mixed)
+    expected = torch.autograd.grad((y_ref * g_y).sum() + last_ref.sum(), exact)
+    for name, a, b, t in zip(("x", "delta", "A", "B", "C"), got, expected, mixed):
+        assert a.dtype == t.dtype, name
+        # dL/dy reaches the scan rounded to bf16 (y's dtype): 2^-8 relative, not float32's 2^-24
+        assert (a.double() - b).norm() <= 1e-2 * b.norm(), name

@@ -23,6 +23,7 @@ They keep a and h only: recording the in-place steps would keep a copy per step.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -281,6 +282,19 @@ def scan_with(recurrence):
 selective_scan_reference = scan_with(linear_recurrence_reference)
 
 
+def scan_in_float32(scan, x, delta, A, B_s, C_s, h0=None):
+    """``scan(x, delta, A, B_s, C_s, h0)`` with autocast off and every input in float32 (float64
+    if one is), y returned in x's dtype and the state in the scan's. Why: h_s multiplies up to T
+    decays, which bf16's 8-bit mantissa would not carry, and under autocast the inputs arrive
+    mixed (bf16 projections, float32 A(t), on CUDA a float32 softplus), which the fused scan's
+    preallocated buffers cannot take."""
+    inputs = (x, delta, A, B_s, C_s, h0)
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in inputs if t is not None), torch.float32)
+    with torch.autocast(x.device.type, enabled=False):
+        y, last = scan(*(None if t is None else t.to(dtype) for t in inputs))
+    return y.to(x.dtype), last
+
+
 # --------------------------------------------------------------------------- layer
 
 
@@ -373,14 +387,14 @@ class SelectiveSSM(nn.Module):
 
     def scan(self):
         """The scan this layer runs: the fused ``selective_scan``, or with ``chunk_size`` the
-        chunked linear recurrence."""
+        chunked linear recurrence; in float32 at least (``scan_in_float32``)."""
         if self.chunk_size is None:
-            return selective_scan
-        return scan_with(lambda a, b: linear_recurrence(a, b, self.chunk_size))
+            return functools.partial(scan_in_float32, selective_scan)
+        return functools.partial(scan_in_float32, scan_with(lambda a, b: linear_recurrence(a, b, self.chunk_size)))
 
     def reference_forward(self, u: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
         """``forward`` with the sequential scan: the ground truth for the fast ones."""
-        return self._forward(u, h, selective_scan_reference)
+        return self._forward(u, h, functools.partial(scan_in_float32, selective_scan_reference))
 
     def _forward(self, u: torch.Tensor, h: torch.Tensor, scan) -> torch.Tensor:
         D, N = self.d_model, self.state_size
