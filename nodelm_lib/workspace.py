@@ -60,8 +60,9 @@ class Workspace:
 
 
 def workspace(work_dir: str | Path | None = None) -> Workspace:
-    """The work folder ``work_dir`` (created if missing), or the default described in the module
-    docstring when it is None or empty. ``~`` is expanded; relative paths are refused, because
+    """The work folder ``work_dir`` with its ``results/``, ``figures/`` and ``checkpoints/``
+    (created if missing: a notebook may write straight into them, and on Colab the folder is
+    often new), or the default described in the module docstring when it is None or empty. ``~`` is expanded; relative paths are refused, because
     they would depend on the current directory, which differs between Jupyter, papermill and
     Colab."""
     if not work_dir:
@@ -70,6 +71,7 @@ def workspace(work_dir: str | Path | None = None) -> Workspace:
     if not root.is_absolute():
         raise ValueError(f"work_dir must be an absolute path (or None for the default), got {str(work_dir)!r}: "
                          "a relative one would depend on the current directory")
-    root = root.resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    return Workspace(root)
+    ws = Workspace(root.resolve())
+    for folder in (ws.results, ws.figures, ws.checkpoints):
+        folder.mkdir(parents=True, exist_ok=True)
+    return ws

@@ -83,6 +83,8 @@ def test_workspace_default_and_errors(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "w"))
     ws = workspace()
     assert ws.root == tmp_path / "w" and ws.root.is_dir()
+    # a new work folder is ready to write into (notebook 05 once failed on one: no results/)
+    assert ws.results.is_dir() and ws.figures.is_dir() and ws.checkpoints.is_dir()
     assert ws.runs("cpu") == tmp_path / "w" / "results" / "runs" / "cpu"
     assert ws.rel(ws.figures / "a.png") == "figures/a.png" and ws.rel("/elsewhere/x") == "/elsewhere/x"
     with pytest.raises(ValueError, match=r"work_dir must be an absolute path .*'results'"):
