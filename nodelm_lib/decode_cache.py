@@ -12,6 +12,8 @@ import contextlib
 import contextvars
 from typing import Callable
 
+import torch
+
 
 class DecodeCache:
     r"""What incremental decoding keeps between forward passes: one slot per call site.
@@ -67,9 +69,19 @@ class DecodeCache:
 _ACTIVE_CACHE: contextvars.ContextVar[DecodeCache | None] = contextvars.ContextVar("nodelm_decode_cache", default=None)
 
 
+def compiling() -> bool:
+    """True while ``torch.compile`` traces the code. The context variables here and in
+    ``time_grid`` are invisible to it (reading one breaks the graph), and neither a decode cache
+    nor a time grid is open in a compiled training step: each field evaluation then forms its
+    own weights, which the compiler fuses, and the model compiles to one graph."""
+    is_compiling = getattr(torch.compiler, "is_compiling", None)  # torch >= 2.3
+    return bool(is_compiling is not None and is_compiling())
+
+
 def active_cache() -> DecodeCache | None:
-    """The cache of the forward pass in progress, or None outside incremental decoding."""
-    return _ACTIVE_CACHE.get()
+    """The cache of the forward pass in progress, or None outside incremental decoding (and
+    while compiling: ``compiling``)."""
+    return None if compiling() else _ACTIVE_CACHE.get()
 
 
 def cached_per_call(compute: Callable[[], object]) -> object:

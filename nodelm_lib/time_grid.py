@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from .decode_cache import cached_per_call
+from .decode_cache import cached_per_call, compiling
 
 
 class TimeGrid:
@@ -70,8 +70,8 @@ _ACTIVE_GRID: contextvars.ContextVar[TimeGrid | None] = contextvars.ContextVar("
 
 
 def active_grid() -> TimeGrid | None:
-    """The time grid of the solve in progress, or None."""
-    return _ACTIVE_GRID.get()
+    """The time grid of the solve in progress, or None (always while compiling: ``compiling``)."""
+    return None if compiling() else _ACTIVE_GRID.get()
 
 
 @contextlib.contextmanager

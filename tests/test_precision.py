@@ -1,5 +1,6 @@
 """Compiled training, the config hash of the new fields, and where bf16 may run on a CPU."""
 
+import dataclasses
 import glob
 import json
 import shutil
@@ -104,3 +105,53 @@ def test_train_refuses_emulated_bf16_before_any_work(monkeypatch):
     monkeypatch.delenv(ALLOW_EMULATED_BF16_ENV, raising=False)
     with pytest.raises(ValueError, match=ALLOW_EMULATED_BF16_ENV):
         nl.train(tiny_run(device="cpu", dtype="bfloat16"))
+
+
+@pytest.mark.parametrize("arm", ["gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm"])
+def test_every_arm_trains_under_bfloat16_autocast_close_to_float32(arm):
+    """One training step's loss and gradients under bf16 autocast (what the gpu profiles run, and a
+    CPU with native bf16) against float32, from the same weights and batch: every arm runs (the
+    selective scan once failed on CUDA: bf16 inputs into its float32 buffers) and agrees to bf16's
+    precision. Autocast on the CPU emulates bf16 where it is not native: slow, same code path."""
+    from nodelm_lib.config import for_arch
+    from nodelm_lib.experiment import CONTROLS
+
+    base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=3, max_seq_len=32,
+                          ssm_state_size=4)
+    cfg = CONTROLS[arm](base) if arm in CONTROLS else for_arch(base, arm)
+    torch.manual_seed(0)
+    model = nl.build_model(cfg).train()
+    x = torch.randint(0, cfg.vocab_size, (2, 32))
+
+    def loss_and_grads(autocast: bool):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            _, loss = model(x, torch.roll(x, -1, 1), return_logits=False)
+        loss.backward()
+        return loss.float().item(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    loss32, grad32 = loss_and_grads(False)
+    loss16, grad16 = loss_and_grads(True)
+    assert torch.isfinite(grad16).all()
+    assert loss16 == pytest.approx(loss32, abs=0.05)
+    assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.98
+
+
+@pytest.mark.parametrize("arm", ["gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm"])
+def test_every_arm_traces_to_one_graph_for_torch_compile(arm):
+    """The gpu profiles compile every arm: a graph break splits the step into pieces run one by
+    one (the decode cache's and the time grid's context variables once broke node's into dozens,
+    and compiled training ran 1.8x slower than eager on an H100). Dynamo's trace only: no C++
+    compiler needed."""
+    from nodelm_lib.config import for_arch
+    from nodelm_lib.experiment import CONTROLS
+
+    base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=3, max_seq_len=32,
+                          ssm_state_size=4)
+    cfg = CONTROLS[arm](base) if arm in CONTROLS else for_arch(base, arm)
+    model = nl.build_model(cfg).train()
+    x = torch.randint(0, cfg.vocab_size, (2, 32))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x, torch.roll(x, -1, 1), return_logits=False)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1

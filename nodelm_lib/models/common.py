@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import CONTINUOUS_ARCHS, ModelConfig, ODEConfig
-from ..decode_cache import DecodeCache, active_cache
+from ..decode_cache import DecodeCache, active_cache, compiling
 from ..losses import linear_cross_entropy
 from ..ode import FIXED_STEP_METHODS, Solver, SolverCounters, gradient_method
 from ..ode.tableaus import TABLEAUS
@@ -233,7 +233,7 @@ class ODEBlock(nn.Module):
         as ``rk_stages`` forms it, in x's dtype), so a field sees bit for bit the t it would see
         without the grid."""
         ode = self.ode
-        if ode.method not in TABLEAUS or active_cache() is not None:
+        if ode.method not in TABLEAUS or active_cache() is not None or compiling():
             return None
         c = TABLEAUS[ode.method].c
         steps = self.step_times(x.dtype, x.device)
