@@ -23,6 +23,11 @@ one thread each):
   the cache against without it, per arch, at notebook 06's cpu sizes (d=64, 4 heads, depth 4).
 * **baby config**: ``gpt``'s training tokens/s at nanoGPT's CPU baby config (65 characters)
   against ``bench/nanogpt_reference.py`` (``nanogpt_vs_ours.py``'s turns, in this process).
+* **02 gpu step** (``--only gpu``, on CUDA; written to ``--out`` as any other part, e.g.
+  ``results/bench_cuda``): one training step of every arm of notebook 02's gpu profile (GPT-2
+  vocabulary, d=256, depth 6, batch 32 x 128, bf16 autocast) eager and under ``torch.compile``,
+  against ``gpt``'s in the same mode, with the FLOPs ratio, the model FLOPs utilisation against
+  a bf16 matrix product measured in the same run, and ``nl.estimate_time``'s planning guess.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import nodelm_lib as nl  # noqa: E402
 from nodelm_lib.experiment import architecture_arms  # noqa: E402
 from nodelm_lib.models import count_params  # noqa: E402
 from nodelm_lib.profiling import cpu_description, forward_flops_per_token, keep_freed_memory  # noqa: E402
-from nodelm_lib.train import _grad_norms, clip_gradients  # noqa: E402
+from nodelm_lib.train import _grad_norms, clip_gradients, enable_tf32  # noqa: E402
 from seed_reference import SeedLM, seed_training_step  # noqa: E402
 
 TARGETS = {"ti_ssm": 1.5, "node": 1.2, "ti_mlp": 1.2, "hybrid": 1.2}  # max step-time ratio to gpt (issue 20)
@@ -201,9 +206,115 @@ def bench_nanogpt(rounds: int, steps: int = 20) -> list[dict]:
                  target=1.3, met=bool(ref / ours >= 1.3))]
 
 
+def gpu_02_arms() -> tuple[nl.TrainConfig, dict[str, nl.ModelConfig]]:
+    """Notebook 02's gpu profile (``params/02_seed_comparison/gpu.yaml``), built as the notebook
+    builds it: the base run and every arm's model."""
+    import yaml
+
+    p = yaml.safe_load((Path(__file__).resolve().parents[1] / "params/02_seed_comparison/gpu.yaml").read_text())
+    model = nl.ModelConfig(vocab_size=nl.data.get_tokenizer(p["tokenizer"]).vocab_size, d_model=p["d_model"],
+                           n_heads=p["n_heads"], n_layers=p["n_layers"], max_seq_len=p["max_seq_len"],
+                           ssm_state_size=p["ssm_state_size"],
+                           ode=nl.ODEConfig(method=p["ode_method"], n_steps=p["n_layers"]))
+    base = nl.TrainConfig(model=model, dataset=p["dataset"], tokenizer=p["tokenizer"], batch_size=p["batch_size"],
+                          seq_len=p["seq_len"], max_steps=p["max_steps"], dtype=p["dtype"], compile=True)
+    arms = architecture_arms(model, p["archs"], match_to=p["match_to"], controls=p["controls"], presets=p["presets"])
+    return base, {name: arm["model"] for name, arm in arms.items()}
+
+
+def cuda_seconds(fn, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn`` on the GPU (CUDA events; the wall clock
+    without CUDA, which lets the part be checked on a CPU)."""
+    times = []
+    for _ in range(repeats):
+        if not torch.cuda.is_available():
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return times
+
+
+def bf16_matmul_tflops(n: int = 8192, repeats: int = 10) -> float:
+    """Dense bf16 throughput of one n x n x n product on this GPU: the ceiling the MFU is taken against."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    cuda_seconds(lambda: a @ b, 3)
+    return 2 * n**3 / float(np.median(cuda_seconds(lambda: a @ b, repeats))) / 1e12
+
+
+def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, write_row=None) -> list[dict]:
+    """Every arm of 02's gpu profile, one after another on the GPU (which nothing else shares):
+    ``steps`` timed training steps after three untimed ones (the first of which compiles), per mode."""
+    from nodelm_lib.estimate import estimate_time
+
+    base, arms = gpu_02_arms()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    arms = {name: cfg for name, cfg in arms.items() if archs is None or name in archs or name == "gpt"}
+    # the scan's arms last: the longest to compile, so a time limit cuts them and not the rest
+    arms = dict(sorted(arms.items(), key=lambda item: item[1].arch in ("ti_ssm", "ssm")))
+    if device == "cuda":
+        enable_tf32()  # as nl.train on CUDA
+    peak = bf16_matmul_tflops(*(() if device == "cuda" else (256, 2)))
+    gpu = torch.cuda.get_device_name() if device == "cuda" else ""
+    short = next((g for g in ("H200", "H100", "A100", "L4", "T4") if g in gpu), None)
+    tokens = base.batch_size * base.seq_len
+    flops = {name: forward_flops_per_token(nl.build_model(cfg), base.seq_len) for name, cfg in arms.items()}
+    rows = []
+    for mode in modes:
+        median = {}
+        for name, cfg in arms.items():
+            torch.manual_seed(0)
+            model = nl.build_model(cfg).to(device).train()
+            step_model = torch.compile(model) if mode == "compiled" else model
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+            x = torch.randint(0, cfg.vocab_size, (base.batch_size, base.seq_len), device=device)
+            y = torch.roll(x, -1, 1)
+            groups = model.param_groups()
+
+            def step():
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                    _, loss = step_model(x, y, return_logits=False)
+                loss.backward()
+                _, grads, norms = _grad_norms(model, groups)
+                clip_gradients(grads, norms, 1.0)
+                optimizer.step()
+
+            first = cuda_seconds(step, 1)[0]  # traces and compiles in the compiled mode
+            cuda_seconds(step, 2)
+            median[name] = float(np.median(cuda_seconds(step, steps)))
+            mfu = 3 * flops[name] * tokens / median[name] / (peak * 1e12)
+            planned = None  # the library's FLOPs-based guess (MFU 0.3 of the datasheet peak, no floor)
+            if short is not None:
+                est = estimate_time(dataclasses.replace(base, model=cfg, max_steps=1), gpus=[short])
+                planned = 1000 * est.rows[0]["seconds"][short]
+            row = dict(benchmark=f"02 gpu training step, {mode}", case=name, value=1000 * median[name],
+                       unit="ms/step", reference="gpt", reference_value=1000 * median["gpt"],
+                       ratio=None if name == "gpt" else median[name] / median["gpt"],
+                       flops_ratio=flops[name] / flops["gpt"], target=None, met=None,
+                       first_step_s=first, mfu=mfu, matmul_tflops=peak, estimate_ms=planned)
+            rows.append(row)
+            if write_row is not None:
+                write_row(row)
+            del model, step_model, optimizer
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
 def machine(threads: int) -> dict:
-    return dict(cpu_description(), torch=torch.__version__, python=platform.python_version(), threads=threads,
+    info = dict(cpu_description(), torch=torch.__version__, python=platform.python_version(), threads=threads,
                 date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
 
 
 def write(rows: list[dict], info: dict, out: Path) -> None:
@@ -227,29 +338,44 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1, help="threads of the 02 and decode measurements")
     parser.add_argument("--seed-threads", type=int, default=os.cpu_count(), help="threads at the seed config")
-    parser.add_argument("--only", choices=["02", "seed", "decode", "nanogpt"], action="append")
+    parser.add_argument("--only", choices=["02", "seed", "decode", "nanogpt", "gpu"], action="append",
+                        help="parts to measure (default: all but gpu)")
+    parser.add_argument("--gpu-steps", type=int, default=20, help="timed steps per arm and mode (gpu)")
+    parser.add_argument("--gpu-modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
+    parser.add_argument("--gpu-archs", nargs="+", help="arms of the gpu part (default: all; gpt always)")
     parser.add_argument("--out", default="results/bench_cpu", help="path stem of the .json and .csv")
     parser.add_argument("--child-arm", help=argparse.SUPPRESS)  # one arm's steps, printed as JSON
     args = parser.parse_args()
     if args.child_arm:
         print(json.dumps(arm_step_seconds(args.child_arm, 12, args.threads)))
         return
+    if "gpu" in (args.only or []) and not torch.cuda.is_available():
+        parser.error("--only gpu needs a CUDA GPU (torch.cuda.is_available() is False)")
     torch.set_num_threads(args.threads)
     info = machine(args.threads)
     print(info, flush=True)
     rows = []
+
+    def keep(r: dict, part: str) -> None:
+        """Print the row and rewrite the record with it: a crash later loses nothing measured."""
+        r["threads"] = args.seed_threads if part == "seed" else args.threads
+        rows.append(r)
+        print(f"{r['benchmark']:28s} {r['case']:13s} {r['value']:9.1f} {r['unit']:16s}"
+              + ("" if r["ratio"] is None else f" ratio {r['ratio']:.2f} vs {r['reference']}")
+              + ("" if r["flops_ratio"] is None else f" (FLOPs {r['flops_ratio']:.2f})")
+              + ("" if r.get("mfu") is None else f" MFU {r['mfu']:.3f}")
+              + ("" if r["met"] is None else f" target {r['target']}: {'met' if r['met'] else 'NOT met'}"),
+              flush=True)
+        write(rows, info, Path(args.out))
+
     parts = {"02": lambda: bench_02_cpu(args.rounds, args.threads), "seed": lambda: bench_seed_config(3 * args.rounds, args.seed_threads),
-             "decode": lambda: bench_decode(args.decode_tokens), "nanogpt": lambda: bench_nanogpt(args.rounds)}
-    for name in args.only or list(parts):
+             "decode": lambda: bench_decode(args.decode_tokens), "nanogpt": lambda: bench_nanogpt(args.rounds),
+             "gpu": lambda: bench_02_gpu(args.gpu_steps, args.gpu_modes, args.gpu_archs,
+                                         write_row=lambda r: keep(r, "gpu"))}
+    for name in args.only or [p for p in parts if p != "gpu"]:
         for r in parts[name]():
-            r["threads"] = args.seed_threads if name == "seed" else args.threads
-            rows.append(r)
-            print(f"{r['benchmark']:28s} {r['case']:13s} {r['value']:9.1f} {r['unit']:16s}"
-                  + ("" if r["ratio"] is None else f" ratio {r['ratio']:.2f} vs {r['reference']}")
-                  + ("" if r["flops_ratio"] is None else f" (FLOPs {r['flops_ratio']:.2f})")
-                  + ("" if r["met"] is None else f" target {r['target']}: {'met' if r['met'] else 'NOT met'}"),
-                  flush=True)
-    write(rows, info, Path(args.out))
+            if name != "gpu":  # the gpu part keeps each row as it is measured
+                keep(r, name)
     print(f"wrote {args.out}.json and .csv")
 
 

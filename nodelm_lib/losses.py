@@ -1,9 +1,11 @@
 """The output head's loss: cross-entropy of ``h @ W.T`` computed in row chunks, so that the
-(N, V) logits never exist at once (``linear_cross_entropy``)."""
+(N, V) logits never exist at once (``linear_cross_entropy``), on a CPU; on a GPU the plain
+``F.linear`` + ``F.cross_entropy``."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 # Rows per chunk so that one chunk of logits holds about 8M floats (32 MB): the full
@@ -62,7 +64,16 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          chunk: int | None = None) -> torch.Tensor:
     """``F.cross_entropy(h @ weight.T, targets)`` for h (N, D), weight (V, D), targets (N,),
-    computed in row chunks so the (N, V) logits never exist at once."""
+    computed in row chunks so the (N, V) logits never exist at once (``chunk`` rows each).
+
+    Only on a CPU, where it was measured to pay. On a GPU (``chunk`` not given) the loss is
+    the plain ``F.cross_entropy(F.linear(h, weight), targets)``: the caching allocator makes
+    the (N, V) buffers free to reuse, autocast runs the product in bf16 (the chunked path's
+    ``mm(out=)`` stays in float32, which autocast does not cast), and ``torch.compile`` fuses
+    the softmax. Measured on an H100 at 02's gpu profile (N = 4096, V = 50257): the chunked
+    loop made a gpt training step ~22 ms, most of it this head in float32."""
+    if chunk is None and h.device.type != "cpu":
+        return F.cross_entropy(F.linear(h, weight), targets)
     chunk = chunk or max(1, CHUNK_LOGITS // weight.shape[0])
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _ChunkedLinearCrossEntropy.apply(h, weight, targets, chunk)
