@@ -272,7 +272,8 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
         for name, cfg in arms.items():
             torch.manual_seed(0)
             model = nl.build_model(cfg).to(device).train()
-            step_model = torch.compile(model) if mode == "compiled" else model
+            step_model = {"eager": model, "compiled": torch.compile(model),  # CUDA graphs: no launch per kernel
+                          "cudagraphs": torch.compile(model, mode="reduce-overhead")}[mode]
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
             x = torch.randint(0, cfg.vocab_size, (base.batch_size, base.seq_len), device=device)
             y = torch.roll(x, -1, 1)
@@ -341,7 +342,8 @@ def main() -> None:
     parser.add_argument("--only", choices=["02", "seed", "decode", "nanogpt", "gpu"], action="append",
                         help="parts to measure (default: all but gpu)")
     parser.add_argument("--gpu-steps", type=int, default=20, help="timed steps per arm and mode (gpu)")
-    parser.add_argument("--gpu-modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
+    parser.add_argument("--gpu-modes", nargs="+", choices=["eager", "compiled", "cudagraphs"],
+                        default=["eager", "compiled"], help="cudagraphs: torch.compile(mode='reduce-overhead')")
     parser.add_argument("--gpu-archs", nargs="+", help="arms of the gpu part (default: all; gpt always)")
     parser.add_argument("--out", default="results/bench_cpu", help="path stem of the .json and .csv")
     parser.add_argument("--child-arm", help=argparse.SUPPRESS)  # one arm's steps, printed as JSON

@@ -140,7 +140,7 @@ def test_the_head_loss_on_cuda_equals_the_chunked_loss_on_the_cpu():
     y = torch.randint(0, 1000, (300,), generator=g)
     results = []
     for device in ("cpu", "cuda"):
-        hd, wd = h.to(device).requires_grad_(), w.to(device).requires_grad_()
+        hd, wd = (t.detach().clone().to(device).requires_grad_() for t in (h, w))
         with exact_float32():
             loss = linear_cross_entropy(hd, wd, y.to(device))
             loss.backward()
