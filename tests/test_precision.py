@@ -155,3 +155,16 @@ def test_every_arm_traces_to_one_graph_for_torch_compile(arm):
     explained = torch._dynamo.explain(model)(x, torch.roll(x, -1, 1), return_logits=False)
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
+
+
+def test_a_compiled_model_refuses_a_decode_cache_instead_of_ignoring_it():
+    """While compiling, layers do not see a decode cache (``decode_cache.compiling``): a compiled
+    forward given one would silently attend to the new positions alone."""
+    from nodelm_lib.decode_cache import DecodeCache
+
+    model = nl.build_model(nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=2,
+                                          max_seq_len=32)).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")
+    with pytest.raises(ValueError, match="decoding with a cache under torch.compile"):
+        compiled(torch.randint(0, 256, (1, 4)), cache=DecodeCache(32))

@@ -55,6 +55,9 @@ class CausalLM(nn.Module):
         """``cache`` (a ``DecodeCache``, see ``generate``): ``idx`` holds only the positions after
         the ``cache.length`` already processed, and their state is added to the cache."""
         B, T = idx.shape
+        if cache is not None and compiling():  # the layers cannot see the cache there (``compiling``)
+            raise ValueError("decoding with a cache under torch.compile is not supported: pass the "
+                             "uncompiled model (nl.generate does)")
         start = cache.length if cache is not None else 0
         if start + T > self.cfg.max_seq_len:
             raise ValueError(
