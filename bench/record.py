@@ -33,6 +33,7 @@ one thread each):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import json
@@ -57,14 +58,17 @@ from seed_reference import SeedLM, seed_training_step  # noqa: E402
 TARGETS = {"ti_ssm": 1.5, "node": 1.2, "ti_mlp": 1.2, "hybrid": 1.2}  # max step-time ratio to gpt (issue 20)
 
 
-def our_training_step(model, optimizer):
-    """nl.train's step without the data and the learning-rate schedule: loss, backward, the
-    per-group gradient norms it logs, clipping to 1 from those norms, fused AdamW."""
+def our_training_step(model, optimizer, step_model=None, autocast=contextlib.nullcontext):
+    """nl.train's step without the data and the learning-rate schedule: loss (through
+    ``step_model``, e.g. the compiled model, under ``autocast``), backward, the per-group
+    gradient norms it logs, clipping to 1 from those norms, fused AdamW."""
     groups = model.param_groups()
+    step_model = model if step_model is None else step_model
 
     def step(x, y):
         optimizer.zero_grad(set_to_none=True)
-        _, loss = model(x, y, return_logits=False)
+        with autocast():
+            _, loss = step_model(x, y, return_logits=False)
         loss.backward()
         _, grads, norms = _grad_norms(model, groups)
         clip_gradients(grads, norms, 1.0)
@@ -266,45 +270,36 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
     short = next((g for g in ("H200", "H100", "A100", "L4", "T4") if g in gpu), None)
     tokens = base.batch_size * base.seq_len
     flops = {name: forward_flops_per_token(nl.build_model(cfg), base.seq_len) for name, cfg in arms.items()}
+    # the library's FLOPs-based guess per step (MFU 0.3 of the datasheet peak, no floor)
+    planned = {name: None if short is None else 1000 * estimate_time(
+        dataclasses.replace(base, model=cfg, max_steps=1), gpus=[short]).rows[0]["seconds"][short]
+        for name, cfg in arms.items()}
+    compilers = {"eager": lambda m: m, "compiled": torch.compile,
+                 "cudagraphs": lambda m: torch.compile(m, mode="reduce-overhead")}  # no launch per kernel
+    autocast = lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")  # noqa: E731
+    x = torch.randint(0, base.model.vocab_size, (base.batch_size, base.seq_len), device=device)
     rows = []
     for mode in modes:
         median = {}
         for name, cfg in arms.items():
             torch.manual_seed(0)
             model = nl.build_model(cfg).to(device).train()
-            step_model = {"eager": model, "compiled": torch.compile(model),  # CUDA graphs: no launch per kernel
-                          "cudagraphs": torch.compile(model, mode="reduce-overhead")}[mode]
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-            x = torch.randint(0, cfg.vocab_size, (base.batch_size, base.seq_len), device=device)
-            y = torch.roll(x, -1, 1)
-            groups = model.param_groups()
-
-            def step():
-                optimizer.zero_grad(set_to_none=True)
-                with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-                    _, loss = step_model(x, y, return_logits=False)
-                loss.backward()
-                _, grads, norms = _grad_norms(model, groups)
-                clip_gradients(grads, norms, 1.0)
-                optimizer.step()
-
-            first = cuda_seconds(step, 1)[0]  # traces and compiles in the compiled mode
+            train_step = our_training_step(model, optimizer, compilers[mode](model), autocast)
+            step = lambda: train_step(x, torch.roll(x, -1, 1))  # noqa: E731
+            first = cuda_seconds(step, 1)[0]  # traces and compiles in the compiled modes
             cuda_seconds(step, 2)
             median[name] = float(np.median(cuda_seconds(step, steps)))
             mfu = 3 * flops[name] * tokens / median[name] / (peak * 1e12)
-            planned = None  # the library's FLOPs-based guess (MFU 0.3 of the datasheet peak, no floor)
-            if short is not None:
-                est = estimate_time(dataclasses.replace(base, model=cfg, max_steps=1), gpus=[short])
-                planned = 1000 * est.rows[0]["seconds"][short]
             row = dict(benchmark=f"02 gpu training step, {mode}", case=name, value=1000 * median[name],
                        unit="ms/step", reference="gpt", reference_value=1000 * median["gpt"],
                        ratio=None if name == "gpt" else median[name] / median["gpt"],
                        flops_ratio=flops[name] / flops["gpt"], target=None, met=None,
-                       first_step_s=first, mfu=mfu, matmul_tflops=peak, estimate_ms=planned)
+                       first_step_s=first, mfu=mfu, matmul_tflops=peak, estimate_ms=planned[name])
             rows.append(row)
             if write_row is not None:
                 write_row(row)
-            del model, step_model, optimizer
+            del model, optimizer, train_step, step
             if device == "cuda":
                 torch.cuda.empty_cache()
     return rows

@@ -62,9 +62,9 @@ class Workspace:
 def workspace(work_dir: str | Path | None = None) -> Workspace:
     """The work folder ``work_dir`` with its ``results/``, ``figures/`` and ``checkpoints/``
     (created if missing: a notebook may write straight into them, and on Colab the folder is
-    often new), or the default described in the module docstring when it is None or empty. ``~`` is expanded; relative paths are refused, because
-    they would depend on the current directory, which differs between Jupyter, papermill and
-    Colab."""
+    often new), or the default described in the module docstring when it is None or empty.
+    ``~`` is expanded; relative paths are refused, because they would depend on the current
+    directory, which differs between Jupyter, papermill and Colab."""
     if not work_dir:
         work_dir = os.environ.get(ENV_VAR) or repository_root() or Path.home() / "nodelm"
     root = Path(work_dir).expanduser()
