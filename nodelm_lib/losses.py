@@ -13,6 +13,22 @@ import torch.nn.functional as F
 # every step dominated the step time on CPU.
 CHUNK_LOGITS = 2**23
 
+# Vocabulary columns per product in the forward z = h W^T. Its inner size is only D, so one
+# product over the whole vocabulary streams a (rows, V) output that leaves the cache before it is
+# complete; in blocks of this many columns each block of z (and of W) stays in L2 while it is
+# written. Every logit is the same length-D dot product either way (bitwise equal with MKL).
+# Measured on an AVX2 EPYC, 2 threads, 166 x 256 by 256 x 50257: 68 -> 110 GFLOP/s
+# (the two backward products already ran at ~150).
+HEAD_COLUMNS = 1024
+
+
+def _logits(h: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = h @ weight.T``, written ``HEAD_COLUMNS`` vocabulary columns at a time (in place:
+    a slice of ``out`` keeps the row stride BLAS writes with)."""
+    for j in range(0, weight.shape[0], HEAD_COLUMNS):
+        torch.mm(h, weight[j:j + HEAD_COLUMNS].t(), out=out[:, j:j + HEAD_COLUMNS])
+    return out
+
 
 def _chunked_cross_entropy(h, weight, targets, chunk: int, with_grads: bool):
     r"""Mean cross-entropy of z = h W^T against ``targets`` and, if asked, its gradients.
@@ -32,7 +48,7 @@ def _chunked_cross_entropy(h, weight, targets, chunk: int, with_grads: bool):
     for start in range(0, n, chunk):
         hc, yc = h[start:start + chunk], targets[start:start + chunk]
         z = buf[: hc.shape[0]]
-        torch.mm(hc, weight.t(), out=z)
+        _logits(hc, weight, out=z)
         z_y = z.gather(1, yc[:, None]).squeeze(1)
         z_max = z.amax(dim=-1)
         z.sub_(z_max[:, None]).exp_()

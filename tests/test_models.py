@@ -126,10 +126,13 @@ def test_unknown_arch_lists_the_valid_ones():
         nl.build_model(nl.ModelConfig(arch="gpt"))
 
 
+@pytest.mark.parametrize("columns", [7, 40, 1024])  # 7: six vocabulary blocks, the last one partial
 @pytest.mark.parametrize("chunk", [1, 7, 64, None])
-def test_chunked_linear_cross_entropy_matches_the_full_logits(chunk):
+def test_chunked_linear_cross_entropy_matches_the_full_logits(chunk, columns, monkeypatch):
+    from nodelm_lib import losses
     from nodelm_lib.losses import linear_cross_entropy
 
+    monkeypatch.setattr(losses, "HEAD_COLUMNS", columns)
     torch.manual_seed(0)
     h = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
     w = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
@@ -143,6 +146,16 @@ def test_chunked_linear_cross_entropy_matches_the_full_logits(chunk):
     torch.testing.assert_close(gw, ref_gw)
     with torch.no_grad():
         assert abs(linear_cross_entropy(h, w, y, chunk).item() - ref.item()) < 1e-6
+
+
+def test_the_head_forward_in_vocabulary_blocks_writes_every_logit(monkeypatch):
+    from nodelm_lib import losses
+
+    monkeypatch.setattr(losses, "HEAD_COLUMNS", 16)
+    h, w = torch.randn(5, 8), torch.randn(50, 8)  # 50 = 3 blocks of 16 and one of 2
+    out = torch.full((5, 50), float("nan"))
+    assert losses._logits(h, w, out) is out
+    torch.testing.assert_close(out, h @ w.t(), rtol=1e-6, atol=1e-6)
 
 
 def test_model_loss_without_logits_equals_the_full_path(model):
