@@ -24,6 +24,12 @@ one thread each):
   after an untimed warm-up, the median of ``--rounds`` runs each, in alternating order.
 * **baby config**: ``gpt``'s training tokens/s at nanoGPT's CPU baby config (65 characters)
   against ``bench/nanogpt_reference.py`` (``nanogpt_vs_ours.py``'s turns, in this process).
+* **bounds** beside the CPU training rows: ``MFU``, the share of this CPU's float32 ceiling (the
+  best 2048 x 2048 x 2048 product at the part's threads, measured in the same run) that the
+  step's arithmetic ran at; for the seed and baby rows ``ratio at peak``, the speed-up over the
+  reference of a step running at that ceiling, and ``ratio, products only``, the speed-up if
+  every op but the matrix products and attention kernels were free (their share of our step's
+  time, from a profile). A target above the latter cannot be met by removing overhead alone.
 * **02 gpu step** (``--only gpu``, on CUDA; written to ``--out`` as any other part, e.g.
   ``results/bench_cuda``): one training step of every arm of notebook 02's gpu profile (GPT-2
   vocabulary, d=256, depth 6, batch 32 x 128, bf16 autocast) eager and under ``torch.compile``,
@@ -93,6 +99,53 @@ def round_robin(steps: dict, batch, rounds: int, block: int = 4) -> dict[str, fl
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
+def float32_matmul_gflops(threads: int, n: int = 2048, repeats: int = 5) -> float:
+    """This CPU's float32 ceiling at ``threads`` threads: GFLOP/s of the best of ``repeats`` n x n x n
+    products (the best, not the median: sharing the machine can only slow a product down)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - start)
+    torch.set_num_threads(previous)
+    return 2 * n**3 / min(seconds) / 1e9
+
+
+def at_peak(step_flops: float, seconds: float, reference_seconds: float, peak_gflops: float) -> dict:
+    """What a training step's time says against the matmul ceiling: ``mfu``, the fraction of it the
+    step's arithmetic (3 x forward FLOPs: forward and backward) ran at, and ``ratio_at_peak``, the
+    speed-up over the reference that a step running at the ceiling would have (no implementation of
+    the same arithmetic on this machine can exceed it)."""
+    ideal = step_flops / (peak_gflops * 1e9)
+    return dict(mfu=ideal / seconds, ratio_at_peak=reference_seconds / ideal, matmul_gflops=peak_gflops)
+
+
+# the kernels of matrix products and attention (forward and backward) in a CPU profile
+PRODUCT_KERNELS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
+                   "aten::_scaled_dot_product_flash_attention_for_cpu",
+                   "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def product_share(step, steps: int = 3) -> float:
+    """The share of ``steps`` calls of ``step()``'s wall time spent inside matrix-product and
+    attention kernels (the profiler's self time of ``PRODUCT_KERNELS``, over the same calls' wall
+    time, so a slow period of a shared machine scales both). A step whose every other op (norms,
+    activations, the loss's softmax, the optimiser, Python) were free would take this share of its
+    time."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = time.perf_counter() - start
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in PRODUCT_KERNELS) / 1e6 / wall
+
+
 def cpu_02_arms() -> dict[str, nl.ModelConfig]:
     base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=128, n_heads=4, n_layers=4, max_seq_len=64,
                           dropout=0.0, ssm_state_size=16, ode=nl.ODEConfig(method="euler", n_steps=4))
@@ -133,13 +186,15 @@ def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
             samples[name] += json.loads(out.strip().splitlines()[-1])[2:]
     median = {name: float(np.median(t)) for name, t in samples.items()}
     flops = {name: forward_flops_per_token(nl.build_model(cfg), 64) for name, cfg in arms.items()}
+    peak = float32_matmul_gflops(threads)
     rows = []
     for name in arms:
         ratio = median[name] / median["gpt"]
         rows.append(dict(benchmark="02 cpu training step", case=name, value=1000 * median[name], unit="ms/step",
                          reference="gpt", reference_value=1000 * median["gpt"], ratio=None if name == "gpt" else ratio,
                          flops_ratio=flops[name] / flops["gpt"], target=TARGETS.get(name),
-                         met=None if name not in TARGETS else bool(ratio <= TARGETS[name])))
+                         met=None if name not in TARGETS else bool(ratio <= TARGETS[name]),
+                         mfu=3 * flops[name] * 12 * 64 / median[name] / (peak * 1e9), matmul_gflops=peak))
     return rows
 
 
@@ -162,11 +217,17 @@ def bench_seed_config(rounds: int, threads: int) -> list[dict]:
         steps["seed " + name] = lambda x, y, ref=ref, opt=opt: seed_training_step(ref, opt, x, y)
     x = torch.randint(0, V, (32, 64))
     median = round_robin(steps, (x, torch.roll(x, -1, 1)), rounds, block=2)
+    share = {name: product_share(lambda: steps[name](x, torch.roll(x, -1, 1)), 2) for name in ours}
     torch.set_num_threads(previous)
+    peak = float32_matmul_gflops(threads)
+    flops = {name: 3 * forward_flops_per_token(nl.build_model(cfg), 64) * x.numel() for name, cfg in ours.items()}
     return [dict(benchmark="seed config training step", case=name, value=1000 * median[name], unit="ms/step",
                  reference="seed " + name, reference_value=1000 * median["seed " + name],
                  ratio=median["seed " + name] / median[name], flops_ratio=None, target=1.5,
-                 met=bool(median["seed " + name] / median[name] >= 1.5)) for name in ours]
+                 met=bool(median["seed " + name] / median[name] >= 1.5),
+                 **at_peak(flops[name], median[name], median["seed " + name], peak),
+                 product_share=share[name], ratio_products_only=median["seed " + name] / (share[name] * median[name]))
+            for name in ours]
 
 
 def bench_decode(new_tokens: int, rounds: int = 3) -> list[dict]:
@@ -213,10 +274,15 @@ def bench_nanogpt(rounds: int, steps: int = 20) -> list[dict]:
         for name in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
             times[name] += run_turn(runners[name], steps)[0]
     ours, ref = (float(np.median(times[n])) for n in ("ours", "reference"))
+    run_turn(runners["ours"], 2)  # back in the cache after the reference's turn
+    share = product_share(runners["ours"].step, 10)
     tokens = cfg.batch_size * cfg.block_size
+    flops = 3 * forward_flops_per_token(runners["ours"].model, cfg.block_size) * tokens
     return [dict(benchmark="baby config step vs nanoGPT", case="gpt", value=tokens / ours, unit="tokens/s",
                  reference="nanoGPT", reference_value=tokens / ref, ratio=ref / ours, flops_ratio=None,
-                 target=1.3, met=bool(ref / ours >= 1.3))]
+                 target=1.3, met=bool(ref / ours >= 1.3),
+                 **at_peak(flops, ours, ref, float32_matmul_gflops(torch.get_num_threads())),
+                 product_share=share, ratio_products_only=ref / (share * ours))]
 
 
 def gpu_02_arms() -> tuple[nl.TrainConfig, dict[str, nl.ModelConfig]]:
@@ -329,10 +395,11 @@ def write(rows: list[dict], info: dict, out: Path) -> None:
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["benchmark", "case", "threads", "value", "unit", "reference", "reference value", "ratio",
-                    "FLOPs ratio", "target", "met"])
+                    "FLOPs ratio", "MFU", "ratio at peak", "ratio, products only", "target", "met"])
         for r in rows:
             w.writerow([r["benchmark"], r["case"], r["threads"], fmt(r["value"], 1), r["unit"], fmt(r["reference"], 0),
                         fmt(r["reference_value"], 1), fmt(r["ratio"], 2), fmt(r["flops_ratio"], 2),
+                        fmt(r.get("mfu"), 2), fmt(r.get("ratio_at_peak"), 2), fmt(r.get("ratio_products_only"), 2),
                         fmt(r["target"], 1), {True: "yes", False: "no", None: "–"}[r["met"]]])
 
 

@@ -1,0 +1,46 @@
+"""The benchmark record's arithmetic (``bench/record.py``): the bounds it prints beside each
+measured ratio, and the CSV the README renders."""
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import record  # noqa: E402
+
+
+def test_a_step_at_the_ceiling_has_mfu_one_and_the_measured_ratio_as_its_bound():
+    # 200 GFLOP in 2 s on a 100 GFLOP/s machine: at the ceiling; a 3 s reference is 1.5x slower
+    out = record.at_peak(200e9, 2.0, 3.0, 100.0)
+    assert out["mfu"] == pytest.approx(1.0) and out["ratio_at_peak"] == pytest.approx(1.5)
+    half = record.at_peak(200e9, 4.0, 3.0, 100.0)  # twice as slow: half the ceiling, same bound
+    assert half["mfu"] == pytest.approx(0.5) and half["ratio_at_peak"] == pytest.approx(1.5)
+
+
+def test_the_product_share_tells_a_matmul_from_elementwise_work():
+    a = torch.randn(384, 384)
+    x = torch.randn(200_000)
+    assert record.product_share(lambda: [a @ a for _ in range(4)], 3) > 0.6
+    assert record.product_share(lambda: [x.exp() for _ in range(4)], 3) < 0.1
+
+
+def test_the_csv_has_every_column_and_dashes_for_what_a_row_lacks(tmp_path):
+    rows = [dict(benchmark="b", case="gpt", threads=1, value=2.0, unit="ms/step", reference="r", reference_value=3.0,
+                 ratio=1.5, flops_ratio=None, target=1.3, met=True, mfu=0.61, ratio_at_peak=1.64,
+                 ratio_products_only=1.46),
+             dict(benchmark="b", case="x", threads=1, value=2.0, unit="ms/step", reference="r", reference_value=3.0,
+                  ratio=None, flops_ratio=1.0, target=None, met=None)]
+    record.write(rows, {"cpu_name": "test"}, tmp_path / "bench")
+    table = list(csv.DictReader(open(tmp_path / "bench.csv")))
+    assert table[0]["MFU"] == "0.61" and table[0]["ratio at peak"] == "1.64"
+    assert table[0]["ratio, products only"] == "1.46" and table[0]["met"] == "yes"
+    assert table[1]["MFU"] == table[1]["ratio at peak"] == table[1]["met"] == "–"
+
+
+def test_the_float32_ceiling_is_a_positive_rate_and_leaves_the_thread_count_alone():
+    before = torch.get_num_threads()
+    assert record.float32_matmul_gflops(1, n=128, repeats=2) > 0
+    assert torch.get_num_threads() == before
