@@ -176,7 +176,7 @@ reproduce: setup
 tables: setup
 	$(VPY) -m nodelm_lib tables
 
-# the benchmark record (bench/record.py, ~10 min on two cores), then the README tables
+# the benchmark record (bench/record.py, ~16 min on two cores), then the README tables
 bench: setup
 	$(VPY) bench/record.py
 	$(VPY) -m nodelm_lib tables
