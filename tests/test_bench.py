@@ -1,5 +1,6 @@
-"""The benchmark record's arithmetic (``bench/record.py``): the bounds it prints beside each
-measured ratio, and the CSV the README renders."""
+"""The arithmetic of the ``bench/`` scripts: the benchmark record's bounds beside each measured
+ratio and the CSV the README renders (``record.py``), and the padded head loss that
+``head_loss.py`` times on a GPU (it must equal the plain loss to be worth timing)."""
 
 import csv
 import sys
@@ -10,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import record  # noqa: E402
+from head_loss import padded_cross_entropy  # noqa: E402
 
 
 def test_a_step_at_the_ceiling_has_mfu_one_and_the_measured_ratio_as_its_bound():
@@ -44,3 +46,16 @@ def test_the_float32_ceiling_is_a_positive_rate_and_leaves_the_thread_count_alon
     before = torch.get_num_threads()
     assert record.float32_matmul_gflops(1, n=128, repeats=2) > 0
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("vocab", [64, 70, 127])  # no pad, 58 pad columns, 1
+def test_the_padded_head_loss_equals_the_plain_one_with_its_gradients(vocab):
+    torch.manual_seed(0)
+    h = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(vocab, 16, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, vocab, (50,))
+    plain = torch.nn.functional.cross_entropy(h @ w.t(), y)
+    padded = padded_cross_entropy(h, w, y)
+    torch.testing.assert_close(padded, plain, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(padded, (h, w)), torch.autograd.grad(plain, (h, w))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
