@@ -131,6 +131,12 @@ def time_major(*tensors: torch.Tensor, axis: int) -> list[torch.Tensor]:
 
 SCAN_BLOCK = 16  # positions per block of ``_SelectiveScan`` (see there)
 
+# exp(x) = 2^(x log2 e): the fused scan forms its decays with exp2, which this library's CPU
+# kernels evaluate in about half exp's time (AVX2 EPYC, float32: 0.57 vs 1.07 ns per element), on
+# the largest tensor of the scan: ti_ssm's 02 cpu step 117.0 -> 110.8 ms. The same value to
+# float32 rounding (the product with log2 e rounds once more).
+LOG2_E = 1.4426950408889634
+
 
 class _SelectiveScan(torch.autograd.Function):
     r"""y_s = sum_n C_{s,n} h_{s,.,n} with h_s = exp(Delta_s A) * h_{s-1} + (Delta_s x_s) B_s, fused.
@@ -166,7 +172,7 @@ class _SelectiveScan(torch.autograd.Function):
     def forward(ctx, x, delta, A, B_s, C_s, h0, block):
         (delta_tm, x_tm), (B_tm, C_tm) = time_major(delta, x, axis=-2), time_major(B_s, C_s, axis=-1)
         shape = (*delta_tm.shape[:2], A.shape[1], A.shape[0])  # (T, B, N, D)
-        A_t = A.t().contiguous()
+        A_2 = A.t().contiguous() * LOG2_E  # (N, D): exp(Delta A) = 2^(Delta A log2 e)
         dx = delta_tm * x_tm
         # big outputs go into buffers from torch.empty: measured on CPU, an elementwise op
         # that allocates its own (T, B, N, D) output page-faults and runs 5-8x slower
@@ -174,7 +180,7 @@ class _SelectiveScan(torch.autograd.Function):
         y = delta.new_empty(shape[0], shape[1], 1, shape[3])
         previous = None if h0 is None else h0.transpose(-1, -2)  # h_{s-1} at the block's start
         for lo, hi in _blocks(shape[0], block):
-            a_b = torch.mul(delta_tm[lo:hi], A_t, out=a[lo:hi]).exp_()  # in (0, 1]
+            a_b = torch.mul(delta_tm[lo:hi], A_2, out=a[lo:hi]).exp2_()  # in (0, 1]
             H_b = torch.mul(dx[lo:hi], B_tm[lo:hi], out=H[lo:hi])  # the inputs b_s; states in place
             if previous is not None:
                 H_b[0].addcmul_(a_b[0], previous)
@@ -259,7 +265,7 @@ def _scan_step(x, delta, A, B_s, C_s, h0):
     d = delta[:, 0, :, None]  # (B, D, 1)
     h = (d * x[:, 0, :, None]) * B_s[:, 0, None, :]  # (B, D, N)
     if h0 is not None:
-        h = h.addcmul_(torch.exp(d * A), h0)
+        h = h.addcmul_(torch.exp2(d * (A * LOG2_E)), h0)  # as the fused scan forms its decays
     return torch.matmul(h, C_s[:, 0, :, None]).transpose(1, 2), h  # y (B, 1, D), last state (B, D, N)
 
 
