@@ -148,6 +148,33 @@ def test_chunked_linear_cross_entropy_matches_the_full_logits(chunk, columns, mo
         assert abs(linear_cross_entropy(h, w, y, chunk).item() - ref.item()) < 1e-6
 
 
+def test_chunked_loss_backward_hands_its_gradient_over_and_stays_right_when_retained(monkeypatch):
+    """loss.backward() gives the head's weight the (V, D) gradient the forward computed (no copy); a retained
+    graph backpropagated twice still accumulates twice the true gradient."""
+    from nodelm_lib import losses
+
+    handed = []
+    backward = losses._ChunkedLinearCrossEntropy.backward
+
+    def spy(ctx, grad_out):
+        handed.append(ctx.saved_tensors[1].data_ptr())  # the gradient the forward computed
+        return backward(ctx, grad_out)
+
+    monkeypatch.setattr(losses._ChunkedLinearCrossEntropy, "backward", staticmethod(spy))
+    torch.manual_seed(0)
+    h, y = torch.randn(30, 8), torch.randint(0, 50, (30,))
+    w = torch.randn(50, 8, requires_grad=True)
+    ref = torch.autograd.grad(torch.nn.functional.cross_entropy(h @ w.t(), y), w)[0]
+    losses.linear_cross_entropy(h, w, y, chunk=7).backward()
+    assert w.grad.data_ptr() == handed[-1]
+    torch.testing.assert_close(w.grad, ref)
+    w.grad = None
+    loss = losses.linear_cross_entropy(h, w, y, chunk=7)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    torch.testing.assert_close(w.grad, 2 * ref)
+
+
 def test_the_head_forward_in_vocabulary_blocks_writes_every_logit(monkeypatch):
     from nodelm_lib import losses
 
