@@ -74,13 +74,14 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
-        if grad_out.device.type == "cpu" and grad_out.item() == 1.0:
+        if not torch.compiler.is_compiling() and grad_out.device.type == "cpu" and grad_out.item() == 1.0:
             # loss.backward(): hand over the gradients themselves. grad_w * 1 would be a fresh
             # (V, D) tensor (51 MB at the GPT-2 vocabulary), above glibc's largest heap chunk, so
             # mmap'd and page-faulted on every step: seed-config gpt step 1322 -> 1307 ms
             # (alternating steps, 2 threads, AVX-512 EPYC). Safe: the engine frees the saved
             # tensors before the weight's gradient is accumulated, so AccumulateGrad takes this
-            # tensor as .grad (and copies it instead while the graph is retained).
+            # tensor as .grad (and copies it instead while the graph is retained). Not while
+            # compiling: .item() would break the graph (and the compiled step has its own buffers).
             return grad_h, grad_w, None, None
         return grad_h * grad_out, grad_w * grad_out, None, None
 
