@@ -52,3 +52,18 @@ def test_reconcile_replaces_only_outputs_that_agree():
     assert out[1]["data"] == {"text/plain": "a 1.000", "text/html": "<td>2.5</td>"}
     assert test[0]["text"] == "loss 0.8172\n"  # the run's own outputs are not modified
     assert nbconf.reconcile(test[:1], ref) == test[:1]  # outputs that do not pair up: unchanged
+
+
+def test_a_cell_can_declare_its_own_tolerance_for_non_integers():
+    source = "# nbval-abs-tol: 0.005 (differences of smoke losses)\ntests.round(3)"
+    tol = nbconf.cell_abs_tol(source)
+    assert tol == 0.005
+    assert nbconf.cell_abs_tol("x = 1  # nbval-abs-tol is mentioned, not declared") == 0.0
+    ref, test = "<td>2</td><td>-0.082</td>", "<td>2</td><td>-0.084</td>"  # 02's node, AVX2 vs AVX-512
+    assert not nbconf.agree_up_to_rounding(ref, test)
+    assert nbconf.agree_up_to_rounding(ref, test, tol)
+    assert not nbconf.agree_up_to_rounding(ref, "<td>2</td><td>-0.090</td>", tol)  # beyond it
+    assert not nbconf.agree_up_to_rounding(ref, "<td>3</td><td>-0.082</td>", tol)  # counts stay exact
+    out = nbconf.reconcile([{"output_type": "execute_result", "data": {"text/html": test}}],
+                           [{"output_type": "execute_result", "data": {"text/html": ref}}], tol)
+    assert out[0]["data"]["text/html"] == ref
