@@ -33,11 +33,11 @@ REL_TOL = 1e-3
 # float32's machine epsilon is 1.2e-7: gradient errors of that size are rounding, whatever their digits.
 ABS_TOL = 1e-7
 
-# a number, not part of a name (gpt2), a version (0.11.0) or a path; a unit (28.3x, 12 ms) or a
-# full stop may follow it
 # a cell's own absolute tolerance for its numbers (see the module doc)
 _CELL_ABS_TOL = re.compile(r"^\s*#\s*nbval-abs-tol:\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)", re.MULTILINE)
 
+# a number, not part of a name (gpt2), a version (0.11.0) or a path; a unit (28.3x, 12 ms) or a
+# full stop may follow it
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d+|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\d_])(?!\.\d)")
 
 
