@@ -27,14 +27,21 @@ masks from a stream derived from (seed, r), so the ranks' masks are independent.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as torch_dist
 
 BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
+EXIT_WAIT = timedelta(seconds=30)  # how long a finishing rank waits for the others at exit
+EXIT_SETTLE = timedelta(milliseconds=100)  # then, the GIL left to gloo's workers (see _destroy)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,23 @@ def setup(ctx: Context, device: torch.device) -> None:
 
 
 def _destroy() -> None:
-    if torch_dist.is_initialized():
-        torch_dist.destroy_process_group()
+    """Leave the process group together, and only once gloo's worker threads are done with Python.
+
+    A gloo worker releases a finished collective's tensors after the caller has already woken, and the
+    release takes the GIL. If the interpreter is finalising by then, the worker thread is killed
+    inside a noexcept destructor and the whole process aborts ("terminate called without an active
+    exception": seen in about one CPU launch in seven; the core dump shows ~AsyncAllgatherWork
+    under ProcessGroupGloo::runLoop). So: a barrier (a rank that never arrives, e.g. one that
+    crashed, is waited for EXIT_WAIT, not forever), then the GIL released for EXIT_SETTLE so the
+    workers can let go, then the group destroyed."""
+    if not torch_dist.is_initialized():
+        return
+    try:
+        torch_dist.barrier(async_op=True).wait(timeout=EXIT_WAIT)
+    except RuntimeError as err:
+        log.warning("leaving the process group without the other ranks (%s)", err)
+    time.sleep(EXIT_SETTLE.total_seconds())
+    torch_dist.destroy_process_group()
 
 
 def unused_parameters(ctx: Context, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[str]:

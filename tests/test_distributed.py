@@ -171,3 +171,29 @@ def test_the_launch_is_read_from_torchruns_environment():
         distributed.launch_context({"WORLD_SIZE": "4", "RANK": "4"})
     with pytest.raises(ValueError, match="data-parallel training runs on 'cuda' or 'cpu', not device='mps'"):
         distributed.process_device(ctx, torch.device("mps"))
+
+
+# Rank 1 finishes late (it stands for a rank that crashed or hangs): rank 0 waits for it at exit no
+# longer than EXIT_WAIT, warns, and still exits cleanly; neither rank aborts.
+LATE_RANK_SCRIPT = textwrap.dedent("""
+    import datetime, os, time
+    import torch
+    from nodelm_lib import distributed
+
+    distributed.EXIT_WAIT = datetime.timedelta(seconds=1)
+    ctx = distributed.launch_context()
+    distributed.setup(ctx, torch.device("cpu"))
+    if ctx.rank == 1:
+        time.sleep(6)
+    print(f"rank {ctx.rank} done", flush=True)
+""")
+
+
+def test_a_rank_leaves_at_exit_without_a_peer_that_does_not_arrive(tmp_path):
+    script = tmp_path / "late.py"
+    script.write_text(LATE_RANK_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=torchrun_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
+    assert "leaving the process group without the other ranks" in proc.stderr
