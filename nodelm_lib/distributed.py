@@ -129,11 +129,12 @@ def _destroy() -> None:
     workers can let go, then the group destroyed."""
     if not torch_dist.is_initialized():
         return
-    try:
-        torch_dist.barrier(async_op=True).wait(timeout=EXIT_WAIT)
-    except RuntimeError as err:
-        log.warning("leaving the process group without the other ranks (%s)", err)
-    time.sleep(EXIT_SETTLE.total_seconds())
+    if torch_dist.get_backend() == "gloo":  # the crash is in gloo's runLoop; nccl (untried here) as before
+        try:
+            torch_dist.barrier(async_op=True).wait(timeout=EXIT_WAIT)
+        except RuntimeError as err:
+            log.warning("leaving the process group without the other ranks (%s)", err)
+        time.sleep(EXIT_SETTLE.total_seconds())
     torch_dist.destroy_process_group()
 
 
