@@ -18,7 +18,8 @@ a and b in full and is several times slower per call at 02's cpu sizes (B 12, T 
 Autograd records neither scan: each ``backward`` is the adjoint recurrence, the same scan run
 backwards, :math:`\lambda_s = g_s + a_{s+1}\lambda_{s+1}`, with
 :math:`\partial L/\partial b_s = \lambda_s` and :math:`\partial L/\partial a_s = \lambda_s h_{s-1}`.
-They keep a and h only: recording the in-place steps would keep a copy per step.
+They keep a and h only (the fused scan h only, forming a again): recording the in-place steps
+would keep a copy per step.
 """
 
 from __future__ import annotations
