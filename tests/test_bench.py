@@ -1,6 +1,6 @@
 """The arithmetic of the ``bench/`` scripts: the benchmark record's bounds beside each measured
-ratio and the CSV the README renders (``record.py``), and the padded head loss that
-``head_loss.py`` times on a GPU (it must equal the plain loss to be worth timing)."""
+ratio and the CSV the README renders (``record.py``), and the candidates that ``head_loss.py``
+and ``scan.py`` time on a GPU (each must equal what the library computes to be worth timing)."""
 
 import csv
 import sys
@@ -11,7 +11,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import record  # noqa: E402
+import scan  # noqa: E402
 from head_loss import padded_cross_entropy  # noqa: E402
+from nodelm_lib.models.ssm import linear_recurrence_reference  # noqa: E402
 
 
 def test_a_step_at_the_ceiling_has_mfu_one_and_the_measured_ratio_as_its_bound():
@@ -59,3 +61,38 @@ def test_the_padded_head_loss_equals_the_plain_one_with_its_gradients(vocab):
     torch.testing.assert_close(padded, plain, rtol=0, atol=1e-12)
     for a, b in zip(torch.autograd.grad(padded, (h, w)), torch.autograd.grad(plain, (h, w))):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("T", [1, 2, 7, 16, 33])
+def test_the_log_depth_recurrence_equals_the_sequential_one_with_its_gradients(T):
+    g = torch.Generator().manual_seed(T)
+    a = (torch.rand(3, T, 4, 2, dtype=torch.float64, generator=g) * 0.98 + 0.01).requires_grad_()
+    b = torch.randn(3, T, 4, 2, dtype=torch.float64, generator=g).requires_grad_()
+    h, h_ref = scan.level_recurrence(a, b), linear_recurrence_reference(a, b)
+    torch.testing.assert_close(h, h_ref, atol=1e-12, rtol=1e-12)
+    w = torch.randn_like(h)
+    got, expected = (torch.autograd.grad((x * w).sum(), (a, b)) for x in (h, h_ref))
+    for name, u, v in zip("ab", got, expected):
+        torch.testing.assert_close(u, v, atol=1e-12, rtol=1e-12, msg=name)
+
+
+def test_every_scan_candidate_gives_the_librarys_outputs_and_gradients():
+    xs = scan.inputs(batch=2, seq=20, channels=6, states=3, device="cpu")
+    xs = [t.detach().double().requires_grad_() for t in xs]
+    grads = (torch.randn(2, 20, 6, dtype=torch.float64), torch.randn(2, 6, 3, dtype=torch.float64))
+    library = scan.forward_backward(scan.selective_scan, xs, grads)
+    names = list(scan.candidates(20))
+    assert any("log-depth" in n for n in names) and any("chunked, L=16" in n for n in names)
+    for name, candidate in scan.candidates(20).items():
+        for u, v in zip(scan.forward_backward(candidate, xs, grads), library):
+            torch.testing.assert_close(u, v, atol=1e-10, rtol=1e-10, msg=name)
+
+
+def test_the_scan_benchmark_runs_and_prints_a_row_per_candidate(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["scan.py", "--batch", "2", "--seq", "12", "--channels", "4", "--states", "2",
+                                      "--repeats", "1", "--threads", str(torch.get_num_threads())])
+    scan.main()
+    out = capsys.readouterr().out
+    assert "B=2 T=12 D=4 N=2" in out
+    for name in scan.candidates(12):
+        assert name in out

@@ -1,0 +1,147 @@
+"""The selective SSM's scan (``ti_ssm`` and ``ssm``), forward + backward, in one run: the library's
+fused scan (``selective_scan``, blocks of 16 positions), the same with the whole sequence as one
+block, the layer's chunked path (``linear_recurrence`` at several chunk lengths), and a candidate
+not yet in the library: a log-depth (Hillis-Steele) scan.
+
+    python bench/scan.py                      # 02's cpu sizes: B 12, T 64, D 128, N 16, 1 thread
+    python bench/scan.py --device cuda --batch 32 --seq 128 --channels 256   # 02's gpu sizes
+
+Why: on an H100 ``ti_ssm`` and ``ssm`` cost 5.0x and 4.1x ``gpt``'s eager step at 0.92x its FLOPs
+(results/bench_cuda.csv), ~60% of 02's gpu budget. The fused scan is tuned for a CPU: one small
+in-place multiply-add per position (T kernel launches per pass on a GPU). The chunked path takes
+about 2 L + T / L launches over (B, T, D, N) tensors; the log-depth scan log2(T) steps of a few
+elementwise ops over them (more arithmetic and memory traffic, fewest launches). Which wins on a
+GPU is a measurement this script makes; beside each time it prints the largest difference from
+the library's outputs and gradients, relative to the largest entry of each (float32 rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+
+import numpy as np
+import torch
+
+from nodelm_lib.models.ssm import linear_recurrence, scan_in_float32, scan_with, selective_scan
+from nodelm_lib.profiling import cpu_description, peak_memory_mb
+
+
+def _level_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """h with h_s = a_s h_{s-1} + b_s along dim 1 (h_{-1} = 0) in ceil(log2 T) steps: after the
+    step of offset k, h_s sums the last 2k inputs and A_s is the product of the last 2k decays."""
+    h, A = b.clone(), a.clone()
+    k, T = 1, a.shape[1]
+    while k < T:
+        h[:, k:] = h[:, k:] + A[:, k:] * h[:, :-k]  # the right side is formed before the write
+        if 2 * k < T:
+            A[:, k:] = A[:, k:] * A[:, :-k]
+        k *= 2
+    return h
+
+
+class _LevelRecurrence(torch.autograd.Function):
+    """``_level_scan`` with the adjoint scan as backward, as ``linear_recurrence``'s."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        with torch.no_grad():
+            h = _level_scan(a, b)
+        ctx.save_for_backward(a, h)
+        return h
+
+    @staticmethod
+    def backward(ctx, grad_h):
+        a, h = ctx.saved_tensors
+        a_next = torch.cat([torch.ones_like(a[:, :1]), a.flip(1)[:, :-1]], dim=1)
+        lam = _level_scan(a_next, grad_h.flip(1)).flip(1)
+        h_prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
+        return lam * h_prev, lam
+
+
+def level_recurrence(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """h_s = a_s h_{s-1} + b_s (h_{-1} = 0) for a, b (B, T, ...), by a log-depth scan (candidate)."""
+    return _LevelRecurrence.apply(a, b)
+
+
+def candidates(T: int) -> dict:
+    """name -> scan(x, delta, A, B_s, C_s) returning (y, last state)."""
+    scans = {"fused, blocks of 16 (library)": selective_scan,
+             f"fused, one block of {T}": functools.partial(selective_scan, block=T)}
+    for L in (8, 16, 32):
+        if L < T:
+            scans[f"chunked, L={L} (layer's chunk_size)"] = functools.partial(
+                scan_in_float32, scan_with(functools.partial(linear_recurrence, chunk_size=L)))
+    scans["log-depth (candidate)"] = functools.partial(scan_in_float32, scan_with(level_recurrence))
+    return scans
+
+
+def inputs(batch: int, seq: int, channels: int, states: int, device: str, seed: int = 0) -> list[torch.Tensor]:
+    """x, delta (softplus, > 0), A (< 0), B_s, C_s as a selective SSM layer forms them."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(batch, seq, channels, device=device, generator=g)
+    delta = torch.nn.functional.softplus(torch.randn(batch, seq, channels, device=device, generator=g) - 2)
+    A = -torch.rand(channels, states, device=device, generator=g) * 4 - 0.1
+    B_s, C_s = (torch.randn(batch, seq, states, device=device, generator=g) for _ in range(2))
+    return [t.requires_grad_() for t in (x, delta, A, B_s, C_s)]
+
+
+def forward_backward(scan, xs: list[torch.Tensor], grads: tuple[torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:
+    """y, the last state and the five input gradients of sum(y g_y) + sum(last g_last)."""
+    y, last = scan(*xs)
+    loss = (y * grads[0]).sum() + (last * grads[1]).sum()
+    return [y.detach(), last.detach(), *torch.autograd.grad(loss, xs)]
+
+
+def timed(fn, repeats: int, device: str) -> float:
+    """Median seconds of ``repeats`` calls after two warm-ups (synchronised on a GPU)."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(2):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=12)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--channels", type=int, default=128, help="D, the scan's channels (the layer's inner width)")
+    p.add_argument("--states", type=int, default=16, help="N, the state size")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1, help="torch threads on a CPU (default 1, as bench/record.py)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    a = p.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda needs a CUDA GPU (torch.cuda.is_available() is False)")
+    torch.set_num_threads(a.threads)
+    xs = inputs(a.batch, a.seq, a.channels, a.states, a.device)
+    g = torch.Generator(device=a.device).manual_seed(1)
+    grads = (torch.randn(a.batch, a.seq, a.channels, device=a.device, generator=g),
+             torch.randn(a.batch, a.channels, a.states, device=a.device, generator=g))
+    scans = candidates(a.seq)
+    library = forward_backward(selective_scan, xs, grads)
+    cpu = cpu_description()
+    where = torch.cuda.get_device_name() if a.device == "cuda" else f"{cpu['cpu_name']} ({cpu['cpu_capability']}), {a.threads} thread(s)"
+    print(f"B={a.batch} T={a.seq} D={a.channels} N={a.states} on {where}, torch {torch.__version__}; "
+          f"forward + backward, median of {a.repeats}")
+    reference = None
+    for name, scan in scans.items():
+        got = forward_backward(scan, xs, grads)
+        diff = max(float((u - v).abs().max() / v.abs().max()) for u, v in zip(got, library))
+        seconds = timed(lambda scan=scan: forward_backward(scan, xs, grads), a.repeats, a.device)
+        reference = reference or seconds
+        memory, _ = peak_memory_mb(lambda scan=scan: forward_backward(scan, xs, grads), a.device)
+        print(f"  {name:36s} {1000 * seconds:9.3f} ms  x{reference / seconds:5.2f} the library's speed  "
+              f"peak {memory:8.1f} MiB  largest relative difference {diff:.1e}")
+
+
+if __name__ == "__main__":
+    main()
