@@ -11,8 +11,9 @@ Why: on an H100 ``ti_ssm`` and ``ssm`` cost 5.0x and 4.1x ``gpt``'s eager step a
 in-place multiply-add per position (T kernel launches per pass on a GPU). The chunked path takes
 about 2 L + T / L launches over (B, T, D, N) tensors; the log-depth scan log2(T) steps of a few
 elementwise ops over them (more arithmetic and memory traffic, fewest launches). Which wins on a
-GPU is a measurement this script makes; beside each time it prints the largest difference from
-the library's outputs and gradients, relative to the largest entry of each (float32 rounding).
+GPU is a measurement this script makes; beside each time it prints the number of operators that
+launch a kernel (``kernel_operators``: countable on a CPU too), the peak memory, and the largest
+difference from the library's outputs and gradients, relative to the largest entry of each.
 """
 
 from __future__ import annotations
@@ -24,8 +25,13 @@ import time
 import numpy as np
 import torch
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from nodelm_lib.models.ssm import linear_recurrence, scan_in_float32, scan_with, selective_scan
 from nodelm_lib.profiling import cpu_description, peak_memory_mb
+
+# operators that launch no kernel: allocation and type queries (views are recognised by schema)
+NO_KERNEL = {"empty", "empty_strided", "new_empty", "promote_types", "detach", "lift_fresh"}
 
 
 def _level_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -94,6 +100,26 @@ def forward_backward(scan, xs: list[torch.Tensor], grads: tuple[torch.Tensor, to
     return [y.detach(), last.detach(), *torch.autograd.grad(loss, xs)]
 
 
+class _OperatorCount(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.__name__.split(".")[0] not in NO_KERNEL:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def kernel_operators(fn) -> int:
+    """How many operators ``fn()`` runs that are neither views nor allocations: on a GPU, about
+    its kernel launches, which bound an eager step at these sizes (02's gpu profile: gpt 18.7 ms
+    eager, 4.6 ms replayed as a CUDA graph, results/bench_cuda*.csv). Counted on any device."""
+    with _OperatorCount() as counter:
+        fn()
+    return counter.count
+
+
 def timed(fn, repeats: int, device: str) -> float:
     """Median seconds of ``repeats`` calls after two warm-ups (synchronised on a GPU)."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -139,8 +165,9 @@ def main() -> None:
         seconds = timed(lambda scan=scan: forward_backward(scan, xs, grads), a.repeats, a.device)
         reference = reference or seconds
         memory, _ = peak_memory_mb(lambda scan=scan: forward_backward(scan, xs, grads), a.device)
+        ops = kernel_operators(lambda scan=scan: forward_backward(scan, xs, grads))
         print(f"  {name:36s} {1000 * seconds:9.3f} ms  x{reference / seconds:5.2f} the library's speed  "
-              f"peak {memory:8.1f} MiB  largest relative difference {diff:.1e}")
+              f"{ops:5d} operators  peak {memory:8.1f} MiB  largest relative difference {diff:.1e}")
 
 
 if __name__ == "__main__":

@@ -96,3 +96,10 @@ def test_the_scan_benchmark_runs_and_prints_a_row_per_candidate(capsys, monkeypa
     assert "B=2 T=12 D=4 N=2" in out
     for name in scan.candidates(12):
         assert name in out
+
+
+def test_the_operator_count_skips_views_and_allocations_and_counts_each_kernel():
+    x = torch.randn(4, 3)
+    assert scan.kernel_operators(lambda: x.t().unsqueeze(0).transpose(1, 2).view(-1)) == 0  # views
+    assert scan.kernel_operators(lambda: torch.empty(3).new_empty(2)) == 0  # allocations
+    assert scan.kernel_operators(lambda: (x * 2).add_(1).sum()) == 3
