@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 
-import numpy as np
 import torch
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from head_loss import timed  # median of repeats after a warm-up, synchronised on a GPU
 from nodelm_lib.models.ssm import linear_recurrence, scan_in_float32, scan_with, selective_scan
 from nodelm_lib.profiling import cpu_description, peak_memory_mb
 
@@ -118,21 +116,6 @@ def kernel_operators(fn) -> int:
     with _OperatorCount() as counter:
         fn()
     return counter.count
-
-
-def timed(fn, repeats: int, device: str) -> float:
-    """Median seconds of ``repeats`` calls after two warm-ups (synchronised on a GPU)."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for _ in range(2):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
 
 
 def main() -> None:
