@@ -43,7 +43,7 @@ class TimeGrid:
         """t as a point of this grid, carrying ``inputs_at(times)`` (owner's batched time code
         or trunk output, (S, ...)). t is found as the nearest grid time on its device, without
         a host synchronisation."""
-        index = (self.times - t.to(self.times)).abs().argmin()
+        index = (self.times - t.to(self.times)).abs().argmin().reshape(1)
         return GridPoint(self, index, self.memo(owner, lambda: inputs_at(self.times)))
 
 
@@ -52,18 +52,25 @@ class GridPoint:
     of the time code (node) or the trunk output h(t) (ti_*) while a grid is open."""
 
     def __init__(self, grid: TimeGrid, index: torch.Tensor, inputs: torch.Tensor):
-        self.grid, self.index, self.inputs = grid, index, inputs
+        self.grid, self.index, self.inputs = grid, index, inputs  # index: (1,), on the grid's device
 
     @property
     def value(self) -> torch.Tensor:
         """The input at this time alone (what the layer would get without a grid)."""
-        return self.inputs[self.index]
+        return _at(self.inputs, self.index)
 
     def take(self, layer: nn.Module, weights_at: Callable[[torch.Tensor], tuple]) -> tuple:
         """``layer``'s weights at this time: ``weights_at(inputs)`` for every grid time, computed
         once per grid, indexed at this one (a tuple of (S, ...) tensors or None)."""
         batched = self.grid.memo(layer, lambda: weights_at(self.inputs))
-        return tuple(None if w is None else w[self.index] for w in batched)
+        return tuple(None if w is None else _at(w, self.index) for w in batched)
+
+
+def _at(batched: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``batched[i]`` for the one grid index i held in the tensor ``index``, read on the device:
+    indexing with the tensor itself turns it into a Python int, a host synchronisation per weight
+    per field evaluation on a GPU (48 per node training step at 02's sizes)."""
+    return batched.index_select(0, index).squeeze(0)
 
 
 _ACTIVE_GRID: contextvars.ContextVar[TimeGrid | None] = contextvars.ContextVar("nodelm_time_grid", default=None)
