@@ -138,7 +138,8 @@ def main() -> None:
     scans = candidates(a.seq)
     library = forward_backward(selective_scan, xs, grads)
     cpu = cpu_description()
-    where = torch.cuda.get_device_name() if a.device == "cuda" else f"{cpu['cpu_name']} ({cpu['cpu_capability']}), {a.threads} thread(s)"
+    where = (torch.cuda.get_device_name() if a.device == "cuda"
+             else f"{cpu['cpu_name']} ({cpu['cpu_capability']}), {a.threads} thread(s)")
     print(f"B={a.batch} T={a.seq} D={a.channels} N={a.states} on {where}, torch {torch.__version__}; "
           f"forward + backward, median of {a.repeats}")
     reference = None
