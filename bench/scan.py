@@ -25,13 +25,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from head_loss import timed  # median of repeats after a warm-up, synchronised on a GPU
-from nodelm_lib.models.ssm import linear_recurrence, scan_in_float32, scan_with, selective_scan
+from nodelm_lib.models.ssm import (adjoint_recurrence, linear_recurrence, scan_in_float32, scan_with,
+                                   selective_scan)
 from nodelm_lib.profiling import cpu_description, peak_memory_mb
 
 # operators that launch no kernel: allocation and type queries (views are recognised by schema)
 NO_KERNEL = {"empty", "empty_strided", "new_empty", "promote_types", "detach", "lift_fresh"}
 
 
+@torch.no_grad()
 def _level_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """h with h_s = a_s h_{s-1} + b_s along dim 1 (h_{-1} = 0) in ceil(log2 T) steps: after the
     step of offset k, h_s sums the last 2k inputs and A_s is the product of the last 2k decays."""
@@ -45,28 +47,10 @@ def _level_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return h
 
 
-class _LevelRecurrence(torch.autograd.Function):
-    """``_level_scan`` with the adjoint scan as backward, as ``linear_recurrence``'s."""
-
-    @staticmethod
-    def forward(ctx, a, b):
-        with torch.no_grad():
-            h = _level_scan(a, b)
-        ctx.save_for_backward(a, h)
-        return h
-
-    @staticmethod
-    def backward(ctx, grad_h):
-        a, h = ctx.saved_tensors
-        a_next = torch.cat([torch.ones_like(a[:, :1]), a.flip(1)[:, :-1]], dim=1)
-        lam = _level_scan(a_next, grad_h.flip(1)).flip(1)
-        h_prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
-        return lam * h_prev, lam
-
-
 def level_recurrence(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """h_s = a_s h_{s-1} + b_s (h_{-1} = 0) for a, b (B, T, ...), by a log-depth scan (candidate)."""
-    return _LevelRecurrence.apply(a, b)
+    """h_s = a_s h_{s-1} + b_s (h_{-1} = 0) for a, b (B, T, ...), by a log-depth scan (candidate),
+    with the library's adjoint scan as backward (as ``linear_recurrence``)."""
+    return adjoint_recurrence(a, b, _level_scan)
 
 
 def candidates(T: int) -> dict:

@@ -72,12 +72,12 @@ def _chunked_scan(a: torch.Tensor, b: torch.Tensor, chunk_size: int) -> torch.Te
     return h.reshape(a.shape)[:, :T]
 
 
-class _LinearRecurrence(torch.autograd.Function):
+class _AdjointRecurrence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, chunk_size):
-        h = _chunked_scan(a, b, chunk_size)
+    def forward(ctx, a, b, scan):
+        h = scan(a, b)
         ctx.save_for_backward(a, h)
-        ctx.chunk_size = chunk_size
+        ctx.scan = scan
         return h
 
     @staticmethod
@@ -86,9 +86,16 @@ class _LinearRecurrence(torch.autograd.Function):
         # lambda_s = g_s + a_{s+1} lambda_{s+1}: the forward scan on reversed positions, with
         # the reversed a shifted by one (its first entry multiplies lambda_T = 0: any value)
         a_next = torch.cat([torch.ones_like(a[:, :1]), a.flip(1)[:, :-1]], dim=1)
-        lam = _chunked_scan(a_next, grad_h.flip(1), ctx.chunk_size).flip(1)
+        lam = ctx.scan(a_next, grad_h.flip(1)).flip(1)
         h_prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
         return lam * h_prev, lam, None
+
+
+def adjoint_recurrence(a: torch.Tensor, b: torch.Tensor, scan) -> torch.Tensor:
+    """h_s = a_s h_{s-1} + b_s (h_{-1} = 0) along dim 1 by ``scan(a, b)`` (any solver of it, run
+    without autograd), differentiable in a and b through the same ``scan`` run backwards (the
+    module docstring): how ``linear_recurrence`` and other candidate scans get their gradients."""
+    return _AdjointRecurrence.apply(a, b, scan)
 
 
 def default_chunk_size(T: int) -> int:
@@ -107,7 +114,7 @@ def linear_recurrence(a: torch.Tensor, b: torch.Tensor, chunk_size: int | None =
     if chunk_size is None:
         chunk_size = default_chunk_size(a.shape[1])
     check_chunk_size(chunk_size)
-    return _LinearRecurrence.apply(a, b, chunk_size)
+    return adjoint_recurrence(a, b, functools.partial(_chunked_scan, chunk_size=chunk_size))
 
 
 def linear_recurrence_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -175,7 +182,7 @@ class _SelectiveScan(torch.autograd.Function):
     def forward(ctx, x, delta, A, B_s, C_s, h0, block):
         (delta_tm, x_tm), (B_tm, C_tm) = time_major(delta, x, axis=-2), time_major(B_s, C_s, axis=-1)
         shape = (*delta_tm.shape[:2], A.shape[1], A.shape[0])  # (T, B, N, D)
-        A_2 = _log2_decay_rates(A)
+        A_2 = _log2_decay_rates(A.t().contiguous())
         dx = delta_tm * x_tm
         # big outputs go into buffers from torch.empty: measured on CPU, an elementwise op
         # that allocates its own (T, B, N, D) output page-faults and runs 5-8x slower
@@ -201,7 +208,8 @@ class _SelectiveScan(torch.autograd.Function):
         x, delta, A, B_s, C_s, h0, H = ctx.saved_tensors
         (delta_tm, x_tm, g), (B_tm, C_tm) = time_major(delta, x, grad_y, axis=-2), time_major(B_s, C_s, axis=-1)
         T, batch, N, D = H.shape
-        A_t, A_2, dx = A.t().contiguous(), _log2_decay_rates(A), delta_tm * x_tm
+        A_t, dx = A.t().contiguous(), delta_tm * x_tm
+        A_2 = _log2_decay_rates(A_t)
         grad_C, grad_B = H.new_empty(T, batch, N, 1), H.new_empty(T, batch, N, 1)
         lam_B, grad_delta = H.new_empty(T, batch, 1, D), H.new_empty(T, batch, 1, D)
         grad_A = torch.zeros_like(A_t)  # (N, D)
@@ -239,9 +247,9 @@ class _SelectiveScan(torch.autograd.Function):
                 grad_B.squeeze(-1).transpose(0, 1), grad_C.squeeze(-1).transpose(0, 1), grad_h0, None)
 
 
-def _log2_decay_rates(A: torch.Tensor) -> torch.Tensor:
-    """A (D, N) as the (N, D) rates of ``_decays``: exp(Delta A) = 2^(Delta (A log2 e))."""
-    return A.t().contiguous() * LOG2_E
+def _log2_decay_rates(A_t: torch.Tensor) -> torch.Tensor:
+    """A's contiguous transpose (N, D) as the rates of ``_decays``: exp(Delta A) = 2^(Delta (A log2 e))."""
+    return A_t * LOG2_E
 
 
 def _decays(delta: torch.Tensor, A_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
