@@ -2,10 +2,13 @@
 invariants: equal to its sequential version, causal, stable A(t), modulated in t, every
 parameter trained."""
 
+import shutil
+
 import pytest
 import torch
 
-from nodelm_lib.models.ssm import (SelectiveSSM, linear_recurrence, linear_recurrence_reference, selective_scan,
+import nodelm_lib as nl
+from nodelm_lib.models.ssm import (COMPILED_SCAN, SelectiveSSM, linear_recurrence, linear_recurrence_reference, selective_scan,
                                    selective_scan_reference)
 
 
@@ -221,6 +224,86 @@ def test_selective_scan_rejects_a_bad_block():
 def test_selective_scan_passes_gradcheck():
     inputs = _scan_inputs(torch.float64, Bt=2, T=5, D=3, N=2)
     assert torch.autograd.gradcheck(lambda *z: selective_scan(*z), inputs)
+
+
+needs_custom_op = pytest.mark.skipif(COMPILED_SCAN is None, reason="torch.library.custom_op needs torch >= 2.4")
+
+
+@needs_custom_op
+@pytest.mark.parametrize("with_h0", [False, True])
+@pytest.mark.parametrize("use_last", [False, True])
+def test_the_compiled_scan_operator_equals_the_eager_scan_bit_for_bit(with_h0, use_last):
+    """``torch.ops.nodelm.selective_scan`` (what the model calls while compiling) runs the same
+    code as ``_SelectiveScan``: equal outputs and gradients, and opcheck's schema, fake-tensor and
+    autograd checks pass. Without the last state's gradient, its grad is None (not zeros)."""
+    *inputs, h0 = _scan_inputs(torch.float32, T=37)
+    inputs.append(h0 if with_h0 else None)
+    leaves = [t for t in inputs if t is not None]
+    y, last = selective_scan(*inputs, block=8)
+    y_op, last_op, _states = COMPILED_SCAN(*inputs, 8)
+    assert torch.equal(y, y_op) and torch.equal(last, last_op) and y_op.is_contiguous()
+    g = torch.Generator().manual_seed(1)
+    grad_y, grad_last = torch.randn(y.shape, generator=g), torch.randn(last.shape, generator=g)
+    loss = (lambda y, last: (y * grad_y).sum() + (use_last and (last * grad_last).sum()))
+    expected = torch.autograd.grad(loss(y, last), leaves)
+    got = torch.autograd.grad(loss(y_op, last_op), leaves)
+    assert all(torch.equal(e, a) for e, a in zip(expected, got, strict=True))
+    torch.library.opcheck(COMPILED_SCAN, (*inputs, 8))
+
+
+@needs_custom_op
+@pytest.mark.parametrize("arch", ["ti_ssm", "ssm"])
+def test_under_torch_compile_the_scan_is_one_operator_not_an_unrolled_loop(arch):
+    """Traced position by position, ti_ssm at 02's gpu sizes took 205 s to compile on a CPU (over
+    10 minutes on an H100) and its compiled step ran 2.6x slower than eager. Dynamo must see
+    one scan operator per call of a layer and none of the loop's in-place steps."""
+    from nodelm_lib.experiment import CONTROLS
+    from nodelm_lib.config import for_arch
+
+    base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=3, max_seq_len=40,
+                          ssm_state_size=4)
+    cfg = CONTROLS[arch](base) if arch in CONTROLS else for_arch(base, arch)
+    model = nl.build_model(cfg).train()
+    x = torch.randint(0, cfg.vocab_size, (2, 40))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x, torch.roll(x, -1, 1), return_logits=False)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    targets = [str(node.target) for node in explained.graphs[0].graph.nodes if node.op == "call_function"]
+    calls = []  # one scan per call of a layer (ti_ssm calls its one layer at every solver step)
+    for layer in (m for m in model.modules() if isinstance(m, SelectiveSSM)):
+        layer.register_forward_hook(lambda *_: calls.append(1))
+    model(x, torch.roll(x, -1, 1), return_logits=False)
+    assert targets.count("nodelm.selective_scan.default") == len(calls) > 0
+    assert not [n for n in explained.graphs[0].graph.nodes if n.op == "call_method" and n.target == "addcmul_"]
+
+
+@needs_custom_op
+@pytest.mark.slow
+def test_compiled_ti_ssm_step_matches_eager():
+    """Inductor compiles ti_ssm around the scan operator (its kernels take the operator's outputs
+    at the strides of its fake function): loss and every gradient as in eager."""
+    from nodelm_lib.config import for_arch
+
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        pytest.skip("torch.compile on CPU needs a C++ compiler (g++ or clang++); none found")
+    cfg = for_arch(nl.ModelConfig(arch="gpt", vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=24,
+                                  ssm_state_size=4), "ti_ssm")
+    torch.manual_seed(0)
+    model = nl.build_model(cfg).train()
+    x = torch.randint(0, cfg.vocab_size, (3, 24))
+
+    def step(m):
+        model.zero_grad(set_to_none=True)
+        _, loss = m(x, torch.roll(x, -1, 1))
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    loss, grads = step(model)
+    torch._dynamo.reset()
+    loss_c, grads_c = step(torch.compile(model))
+    torch.testing.assert_close(loss_c, loss, rtol=1e-5, atol=1e-6)
+    for g, g_c in zip(grads, grads_c, strict=True):
+        torch.testing.assert_close(g_c, g, rtol=1e-4, atol=1e-6)
 
 
 def test_selective_scan_continues_from_a_state():

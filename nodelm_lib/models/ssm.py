@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from ..decode_cache import active_cache
+from ..decode_cache import active_cache, compiling
 from ..layers import CausalSelfAttention
 from ..time_grid import GridPoint
 from ..time_layers import ModulatedLinear, StaticLinear
@@ -180,71 +180,86 @@ class _SelectiveScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, delta, A, B_s, C_s, h0, block):
-        (delta_tm, x_tm), (B_tm, C_tm) = time_major(delta, x, axis=-2), time_major(B_s, C_s, axis=-1)
-        shape = (*delta_tm.shape[:2], A.shape[1], A.shape[0])  # (T, B, N, D)
-        A_2 = _log2_decay_rates(A.t().contiguous())
-        dx = delta_tm * x_tm
-        # big outputs go into buffers from torch.empty: measured on CPU, an elementwise op
-        # that allocates its own (T, B, N, D) output page-faults and runs 5-8x slower
-        H = delta.new_empty(shape)
-        a_b = delta.new_empty(min(block, shape[0]), *shape[1:])  # one block's decays, rebuilt in backward
-        y = delta.new_empty(shape[0], shape[1], 1, shape[3])
-        previous = None if h0 is None else h0.transpose(-1, -2)  # h_{s-1} at the block's start
-        for lo, hi in _blocks(shape[0], block):
-            _decays(delta_tm[lo:hi], A_2, out=a_b[:hi - lo])
-            H_b = torch.mul(dx[lo:hi], B_tm[lo:hi], out=H[lo:hi])  # the inputs b_s; states in place
-            if previous is not None:
-                H_b[0].addcmul_(a_b[0], previous)
-            for s in range(1, hi - lo):
-                H_b[s].addcmul_(a_b[s], H_b[s - 1])
-            torch.matmul(C_tm[lo:hi].transpose(-1, -2), H_b, out=y[lo:hi])  # sum over n
-            previous = H_b[-1]
+        y, last, H = _scan_forward(x, delta, A, B_s, C_s, h0, block)
         ctx.block = block
         ctx.save_for_backward(x, delta, A, B_s, C_s, h0, H)
-        return y.squeeze(-2).transpose(0, 1), H[-1].transpose(-1, -2)
+        return y, last
 
     @staticmethod
     def backward(ctx, grad_y, grad_last):
         x, delta, A, B_s, C_s, h0, H = ctx.saved_tensors
-        (delta_tm, x_tm, g), (B_tm, C_tm) = time_major(delta, x, grad_y, axis=-2), time_major(B_s, C_s, axis=-1)
-        T, batch, N, D = H.shape
-        A_t, dx = A.t().contiguous(), delta_tm * x_tm
-        A_2 = _log2_decay_rates(A_t)
-        grad_C, grad_B = H.new_empty(T, batch, N, 1), H.new_empty(T, batch, N, 1)
-        lam_B, grad_delta = H.new_empty(T, batch, 1, D), H.new_empty(T, batch, 1, D)
-        grad_A = torch.zeros_like(A_t)  # (N, D)
-        scratch = [H.new_empty(min(ctx.block, T), batch, N, D) for _ in range(3)]
-        # carry: lambda and the decay at the first position of the block after this one
-        grad_h0, carry, carry_a = None, None, None
-        for lo, hi in reversed(_blocks(T, ctx.block)):
-            a_b, H_b = _decays(delta_tm[lo:hi], A_2, out=scratch[2][:hi - lo]), H[lo:hi]
-            lam = torch.mul(g[lo:hi], C_tm[lo:hi], out=scratch[0][:hi - lo])  # g_s C_s, becomes lambda_s
-            if carry is not None:
-                lam[-1].addcmul_(carry_a, carry)
-            elif grad_last is not None:
-                lam[-1].add_(grad_last.transpose(-1, -2))
-            for s in range(hi - lo - 2, -1, -1):
-                lam[s].addcmul_(a_b[s + 1], lam[s + 1])
-            torch.matmul(H_b, g[lo:hi].transpose(-1, -2), out=grad_C[lo:hi])  # sum over d
-            torch.matmul(lam, dx[lo:hi].transpose(-1, -2), out=grad_B[lo:hi])
-            torch.matmul(B_tm[lo:hi].transpose(-1, -2), lam, out=lam_B[lo:hi])  # sum over n
-            if lo == 0 and h0 is not None and ctx.needs_input_grad[5]:
-                grad_h0 = (a_b[0] * lam[0]).transpose(-1, -2)
-            carry, carry_a = lam[0].clone(), a_b[0].clone()
-            G = lam.mul_(a_b)  # lambda is not needed past here: G in its buffer
-            G[1:].mul_(H_b[:-1])
-            if lo > 0:
-                G[0].mul_(H[lo - 1])
-            elif h0 is None:
-                G[0].zero_()
-            else:
-                G[0].mul_(h0.transpose(-1, -2))
-            torch.sum(torch.mul(G, A_t, out=scratch[1][:hi - lo]), -2, keepdim=True, out=grad_delta[lo:hi])
-            grad_A += G.mul_(delta_tm[lo:hi]).sum((0, 1))
-        grad_delta.add_(x_tm * lam_B)
-        grad_x = delta_tm * lam_B
-        return (*(z.squeeze(-2).transpose(0, 1) for z in (grad_x, grad_delta)), grad_A.t(),
-                grad_B.squeeze(-1).transpose(0, 1), grad_C.squeeze(-1).transpose(0, 1), grad_h0, None)
+        grads = _scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, ctx.block,
+                               h0 is not None and ctx.needs_input_grad[5])
+        return *grads, None
+
+
+def _scan_forward(x, delta, A, B_s, C_s, h0, block):
+    """``_SelectiveScan``'s forward: y (B, T, D) and the last state (B, D, N), both views, and
+    the states H (T, B, N, D) that backward needs."""
+    (delta_tm, x_tm), (B_tm, C_tm) = time_major(delta, x, axis=-2), time_major(B_s, C_s, axis=-1)
+    shape = (*delta_tm.shape[:2], A.shape[1], A.shape[0])  # (T, B, N, D)
+    A_2 = _log2_decay_rates(A.t().contiguous())
+    dx = delta_tm * x_tm
+    # big outputs go into buffers from torch.empty: measured on CPU, an elementwise op
+    # that allocates its own (T, B, N, D) output page-faults and runs 5-8x slower
+    H = delta.new_empty(shape)
+    a_b = delta.new_empty(min(block, shape[0]), *shape[1:])  # one block's decays, rebuilt in backward
+    y = delta.new_empty(shape[0], shape[1], 1, shape[3])
+    previous = None if h0 is None else h0.transpose(-1, -2)  # h_{s-1} at the block's start
+    for lo, hi in _blocks(shape[0], block):
+        _decays(delta_tm[lo:hi], A_2, out=a_b[:hi - lo])
+        H_b = torch.mul(dx[lo:hi], B_tm[lo:hi], out=H[lo:hi])  # the inputs b_s; states in place
+        if previous is not None:
+            H_b[0].addcmul_(a_b[0], previous)
+        for s in range(1, hi - lo):
+            H_b[s].addcmul_(a_b[s], H_b[s - 1])
+        torch.matmul(C_tm[lo:hi].transpose(-1, -2), H_b, out=y[lo:hi])  # sum over n
+        previous = H_b[-1]
+    return y.squeeze(-2).transpose(0, 1), H[-1].transpose(-1, -2), H
+
+
+def _scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block, need_grad_h0):
+    """``_SelectiveScan``'s backward (its docstring has the math): the gradients of x, delta, A,
+    B_s, C_s and h0 (None unless ``need_grad_h0``), some of them views."""
+    (delta_tm, x_tm, g), (B_tm, C_tm) = time_major(delta, x, grad_y, axis=-2), time_major(B_s, C_s, axis=-1)
+    T, batch, N, D = H.shape
+    A_t, dx = A.t().contiguous(), delta_tm * x_tm
+    A_2 = _log2_decay_rates(A_t)
+    grad_C, grad_B = H.new_empty(T, batch, N, 1), H.new_empty(T, batch, N, 1)
+    lam_B, grad_delta = H.new_empty(T, batch, 1, D), H.new_empty(T, batch, 1, D)
+    grad_A = torch.zeros_like(A_t)  # (N, D)
+    scratch = [H.new_empty(min(block, T), batch, N, D) for _ in range(3)]
+    # carry: lambda and the decay at the first position of the block after this one
+    grad_h0, carry, carry_a = None, None, None
+    for lo, hi in reversed(_blocks(T, block)):
+        a_b, H_b = _decays(delta_tm[lo:hi], A_2, out=scratch[2][:hi - lo]), H[lo:hi]
+        lam = torch.mul(g[lo:hi], C_tm[lo:hi], out=scratch[0][:hi - lo])  # g_s C_s, becomes lambda_s
+        if carry is not None:
+            lam[-1].addcmul_(carry_a, carry)
+        elif grad_last is not None:
+            lam[-1].add_(grad_last.transpose(-1, -2))
+        for s in range(hi - lo - 2, -1, -1):
+            lam[s].addcmul_(a_b[s + 1], lam[s + 1])
+        torch.matmul(H_b, g[lo:hi].transpose(-1, -2), out=grad_C[lo:hi])  # sum over d
+        torch.matmul(lam, dx[lo:hi].transpose(-1, -2), out=grad_B[lo:hi])
+        torch.matmul(B_tm[lo:hi].transpose(-1, -2), lam, out=lam_B[lo:hi])  # sum over n
+        if lo == 0 and need_grad_h0:
+            grad_h0 = (a_b[0] * lam[0]).transpose(-1, -2)
+        carry, carry_a = lam[0].clone(), a_b[0].clone()
+        G = lam.mul_(a_b)  # lambda is not needed past here: G in its buffer
+        G[1:].mul_(H_b[:-1])
+        if lo > 0:
+            G[0].mul_(H[lo - 1])
+        elif h0 is None:
+            G[0].zero_()
+        else:
+            G[0].mul_(h0.transpose(-1, -2))
+        torch.sum(torch.mul(G, A_t, out=scratch[1][:hi - lo]), -2, keepdim=True, out=grad_delta[lo:hi])
+        grad_A += G.mul_(delta_tm[lo:hi]).sum((0, 1))
+    grad_delta.add_(x_tm * lam_B)
+    grad_x = delta_tm * lam_B
+    return (*(z.squeeze(-2).transpose(0, 1) for z in (grad_x, grad_delta)), grad_A.t(),
+            grad_B.squeeze(-1).transpose(0, 1), grad_C.squeeze(-1).transpose(0, 1), grad_h0)
 
 
 def _log2_decay_rates(A_t: torch.Tensor) -> torch.Tensor:
@@ -266,6 +281,65 @@ def _blocks(length: int, block: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + block, length)) for lo in range(0, length, block)]
 
 
+# --------------------------------------------------------------------------- under torch.compile
+# The compiler would trace _SelectiveScan's Python loops position by position: at 02's gpu sizes
+# (d 256, depth 6, T 128) compiling ti_ssm took 205 s on a CPU (over 10 minutes on an H100) and its
+# compiled step ran 2.6x slower than eager (362 vs 140 ms at batch 4, AVX-512 EPYC). While
+# compiling, the scan is instead one opaque operator, whose forward and backward run the eager
+# code above: the rest of the model compiles around it in one graph, and on one CUDA GPU the
+# graph's CUDA graph replays the scan's kernels with the rest (train.compile_for). Outputs are
+# contiguous, as the compiler assumes from the shapes the fake (meta) functions give.
+
+
+def _define_compiled_scan():
+    """``torch.ops.nodelm.selective_scan`` (x, delta, A, B_s, C_s, h0, block) -> (y, last, H),
+    differentiable in its first six inputs, or None where torch has no ``custom_op`` (< 2.4)."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+
+    @torch.library.custom_op("nodelm::selective_scan", mutates_args=(), schema=(
+        "(Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0, int block) -> (Tensor, Tensor, Tensor)"))
+    def scan(x, delta, A, B_s, C_s, h0, block):
+        y, last, H = _scan_forward(x, delta, A, B_s, C_s, h0, block)
+        return y.contiguous(), last.contiguous(), H
+
+    @scan.register_fake
+    def _(x, delta, A, B_s, C_s, h0, block):
+        (batch, T, D), N = x.shape, A.shape[1]
+        return delta.new_empty(batch, T, D), delta.new_empty(batch, D, N), delta.new_empty(T, batch, N, D)
+
+    @torch.library.custom_op("nodelm::selective_scan_backward", mutates_args=(), schema=(
+        "(Tensor grad_y, Tensor? grad_last, Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0, "
+        "Tensor H, int block) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
+    def scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block):
+        grads = _scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block, h0 is not None)
+        return tuple(x.new_empty(0) if g is None else g.contiguous() for g in grads)  # no h0: an empty grad_h0
+
+    @scan_backward.register_fake
+    def _(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block):
+        return (*(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, delta, A, B_s, C_s)),
+                x.new_empty(0) if h0 is None else torch.empty_like(h0, memory_format=torch.contiguous_format))
+
+    def setup_context(ctx, inputs, output):
+        x, delta, A, B_s, C_s, h0, ctx.block = inputs
+        ctx.mark_non_differentiable(output[2])  # H: saved for backward, never a result
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, delta, A, B_s, C_s, h0, output[2])
+
+    def backward(ctx, grad_y, grad_last, _grad_H):
+        x, delta, A, B_s, C_s, h0, H = ctx.saved_tensors
+        if grad_y is None:  # only the last state was used
+            grad_y = torch.zeros_like(x)
+        *grads, grad_h0 = scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, ctx.block)
+        return *grads, None if h0 is None else grad_h0, None
+
+    scan.register_autograd(backward, setup_context=setup_context)
+    return scan
+
+
+COMPILED_SCAN = _define_compiled_scan()
+
+
 def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B_s: torch.Tensor, C_s: torch.Tensor,
                    h0: torch.Tensor | None = None, block: int = SCAN_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     r"""The selective SSM's core: y_{s,d} = sum_n C_{s,n} h_{s,d,n} with
@@ -282,6 +356,9 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B_s: t
     if x.shape[1] == 1 and not (torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, delta, A, B_s, C_s, h0))):
         return _scan_step(x, delta, A, B_s, C_s, h0)
+    if compiling() and COMPILED_SCAN is not None:
+        y, last, _ = COMPILED_SCAN(x, delta, A, B_s, C_s, h0, block)
+        return y, last
     return _SelectiveScan.apply(x, delta, A, B_s, C_s, h0, block)
 
 
