@@ -49,25 +49,83 @@ def _chunked_cross_entropy(h, weight, targets, chunk: int, with_grads: bool):
         hc, yc = h[start:start + chunk], targets[start:start + chunk]
         z = buf[: hc.shape[0]]
         _logits(hc, weight, out=z)
-        z_y = z.gather(1, yc[:, None]).squeeze(1)
-        z_max = z.amax(dim=-1)
-        z.sub_(z_max[:, None]).exp_()
-        z_sum = z.sum(dim=-1)
-        total += (z_sum.log() + z_max - z_y).sum()
+        total += _softmax_cross_entropy_(z, yc, n, with_grads)
         if with_grads:
-            z.div_(z_sum[:, None] * n)  # softmax / N
-            z[torch.arange(z.shape[0], device=z.device), yc] -= 1.0 / n
             torch.mm(z, weight, out=grad_h[start:start + chunk])
             grad_w.addmm_(z.t(), hc)
     return total / n, grad_h, grad_w
+
+
+def _softmax_cross_entropy_(z: torch.Tensor, targets: torch.Tensor, n: int, with_grads: bool) -> torch.Tensor:
+    """The summed cross-entropy of the logits ``z`` (rows, V) against ``targets``; with
+    ``with_grads``, z becomes (softmax(z) - onehot(y)) / n in place (its gradient in a mean over n
+    rows), else exp(z - max)."""
+    z_y = z.gather(1, targets[:, None]).squeeze(1)
+    z_max = z.amax(dim=-1)
+    z.sub_(z_max[:, None]).exp_()
+    z_sum = z.sum(dim=-1)
+    if with_grads:
+        z.div_(z_sum[:, None] * n)  # softmax / N
+        z[torch.arange(z.shape[0], device=z.device), targets] -= 1.0 / n
+    return (z_sum.log() + z_max - z_y).sum()
+
+
+# Rows whose low-precision gradient logits G are kept for one pair of gradient products (about
+# 128M values, 256 MB in bf16): see _chunked_cross_entropy_low_precision.
+LOW_PRECISION_LOGITS = 2**27
+
+
+def _chunked_cross_entropy_low_precision(h, weight, targets, chunk: int, with_grads: bool, dtype: torch.dtype):
+    """``_chunked_cross_entropy`` with its three products in ``dtype`` (CPU autocast's bf16), as
+    autocast runs a linear layer, and the softmax in float32, as autocast runs a cross-entropy.
+
+    Each chunk's logits come out of the product in ``dtype`` and are widened into the float32
+    buffer for the softmax. The gradient logits G are narrowed back into a buffer that holds up
+    to ``LOW_PRECISION_LOGITS`` of them, and both gradient products run once per buffer: per
+    chunk, dL/dW would be a (V, D) low-precision product added into float32 every time.
+    Gradients match float32 to ~2e-3 relative (bf16's rounding); the loss to ~1e-6.
+    """
+    n, vocab = h.shape[0], weight.shape[0]
+    h_low, w_low = h.to(dtype), weight.to(dtype)
+    group = max(chunk, LOW_PRECISION_LOGITS // vocab) if with_grads else chunk
+    total = torch.zeros((), dtype=torch.float32, device=h.device)
+    grad_h = torch.empty(h.shape, dtype=torch.float32, device=h.device) if with_grads else None
+    grad_w = None
+    G = torch.empty(min(group, n), vocab, dtype=dtype, device=h.device)
+    buf = torch.empty(min(chunk, n), vocab, dtype=torch.float32, device=h.device)
+    for first in range(0, n, group):
+        rows = slice(first, min(first + group, n))
+        for start in range(rows.start, rows.stop, chunk):
+            hc, yc = h_low[start:min(start + chunk, rows.stop)], targets[start:min(start + chunk, rows.stop)]
+            z_low = G[start - first:start - first + hc.shape[0]]
+            z = buf[:hc.shape[0]].copy_(_logits(hc, w_low, out=z_low))
+            total += _softmax_cross_entropy_(z, yc, n, with_grads)
+            if with_grads:
+                z_low.copy_(z)
+        if with_grads:
+            G_rows = G[:rows.stop - rows.start]
+            grad_h[rows] = torch.mm(G_rows, w_low)
+            part = torch.mm(G_rows.t(), h_low[rows])
+            grad_w = part.float() if grad_w is None else grad_w.add_(part)
+    return total / n, grad_h, grad_w
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype narrower than float32 that autocast runs products in on ``device``'s type, or None."""
+    kind = device.type
+    try:  # torch >= 2.4
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+    except TypeError:
+        dtype = torch.get_autocast_cpu_dtype() if kind == "cpu" and torch.is_autocast_cpu_enabled() else None
+    return dtype if dtype is not None and dtype.itemsize < 4 else None
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Autograd wrapper: forward computes the gradients, backward only scales them."""
 
     @staticmethod
-    def forward(ctx, h, weight, targets, chunk):
-        loss, grad_h, grad_w = _chunked_cross_entropy(h, weight, targets, chunk, with_grads=True)
+    def forward(ctx, h, weight, targets, chunk, low_dtype):
+        loss, grad_h, grad_w = _head_loss(h, weight, targets, chunk, True, low_dtype)
         ctx.save_for_backward(grad_h.to(h.dtype), grad_w.to(weight.dtype))
         return loss
 
@@ -82,8 +140,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             # tensors before the weight's gradient is accumulated, so AccumulateGrad takes this
             # tensor as .grad (and copies it instead while the graph is retained). Not while
             # compiling: .item() would break the graph (and the compiled step has its own buffers).
-            return grad_h, grad_w, None, None
-        return grad_h * grad_out, grad_w * grad_out, None, None
+            return grad_h, grad_w, None, None, None
+        return grad_h * grad_out, grad_w * grad_out, None, None, None
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -91,15 +149,27 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     """``F.cross_entropy(h @ weight.T, targets)`` for h (N, D), weight (V, D), targets (N,),
     computed in row chunks so the (N, V) logits never exist at once (``chunk`` rows each).
 
+    Under CPU autocast (bf16) the three products run in bf16 and the softmax in float32, as
+    autocast would run a linear layer and a cross-entropy (``_chunked_cross_entropy_low_precision``):
+    autocast itself does not cast the chunked path's ``mm(out=)``, which kept the head, most of a
+    large-vocabulary step, in float32.
+
     Only on a CPU, where it was measured to pay. On a GPU (``chunk`` not given) the loss is
     the plain ``F.cross_entropy(F.linear(h, weight), targets)``: the caching allocator makes
-    the (N, V) buffers free to reuse, autocast runs the product in bf16 (the chunked path's
-    ``mm(out=)`` stays in float32, which autocast does not cast), and ``torch.compile`` fuses
-    the softmax. Measured on an H100 at 02's gpu profile (N = 4096, V = 50257): the chunked
+    the (N, V) buffers free to reuse, autocast runs the product in bf16, and ``torch.compile``
+    fuses the softmax. Measured on an H100 at 02's gpu profile (N = 4096, V = 50257): the chunked
     loop made a gpt training step ~22 ms, most of it this head in float32."""
     if chunk is None and h.device.type != "cpu":
         return F.cross_entropy(F.linear(h, weight), targets)
     chunk = chunk or max(1, CHUNK_LOGITS // weight.shape[0])
+    low_dtype = _autocast_dtype(h.device)
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _ChunkedLinearCrossEntropy.apply(h, weight, targets, chunk)
-    return _chunked_cross_entropy(h, weight, targets, chunk, with_grads=False)[0]
+        return _ChunkedLinearCrossEntropy.apply(h, weight, targets, chunk, low_dtype)
+    return _head_loss(h, weight, targets, chunk, False, low_dtype)[0]
+
+
+def _head_loss(h, weight, targets, chunk, with_grads, low_dtype):
+    """Loss and (if ``with_grads``) gradients, with the products in ``low_dtype`` unless None."""
+    if low_dtype is None:
+        return _chunked_cross_entropy(h, weight, targets, chunk, with_grads)
+    return _chunked_cross_entropy_low_precision(h, weight, targets, chunk, with_grads, low_dtype)

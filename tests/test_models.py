@@ -149,6 +149,54 @@ def test_chunked_linear_cross_entropy_matches_the_full_logits(chunk, columns, mo
         assert abs(linear_cross_entropy(h, w, y, chunk).item() - ref.item()) < 1e-6
 
 
+@pytest.mark.parametrize("group_rows", [None, 9])  # 9: the gradient products in six groups of rows
+@pytest.mark.parametrize("chunk", [7, None])
+def test_under_cpu_bf16_autocast_the_head_products_run_in_bf16_as_autocast_runs_a_linear(chunk, group_rows,
+                                                                                          monkeypatch):
+    """Autocast does not cast the chunked loss's ``mm(out=)``: the head stayed in float32 under
+    ``dtype="bfloat16"`` on a CPU. Now every product takes bf16 operands, and the loss and
+    gradients are those of autocast's own ``F.cross_entropy(F.linear(h, w), y)``: the loss to
+    float rounding, the gradients exactly in one group of rows and to bf16 rounding in several."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from nodelm_lib import losses
+
+    if group_rows:
+        monkeypatch.setattr(losses, "LOW_PRECISION_LOGITS", group_rows * 40)
+    torch.manual_seed(0)
+    h = torch.randn(50, 16, requires_grad=True)
+    w = (0.3 * torch.randn(40, 16)).requires_grad_()
+    y = torch.randint(0, 40, (50,))
+
+    class ProductDtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+                self.seen.append({a.dtype for a in args if isinstance(a, torch.Tensor)})
+            return func(*args, **(kwargs or {}))
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with ProductDtypes() as products:
+            loss = losses.linear_cross_entropy(h, w, y, chunk)
+            gh, gw = torch.autograd.grad(loss, (h, w))
+        ref = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w), y)
+        with torch.no_grad():
+            no_grad_loss = losses.linear_cross_entropy(h, w, y, chunk)
+    ref_gh, ref_gw = torch.autograd.grad(ref, (h, w))
+    assert products.seen and all(dtypes == {torch.bfloat16} for dtypes in products.seen), products.seen
+    assert loss.dtype == gh.dtype == gw.dtype == torch.float32
+    assert abs(loss.item() - ref.item()) < 1e-6 and abs(no_grad_loss.item() - ref.item()) < 1e-6
+    tol = dict(rtol=0, atol=0) if group_rows is None else dict(rtol=2e-2, atol=1e-4)
+    torch.testing.assert_close(gh, ref_gh, rtol=0, atol=0)
+    torch.testing.assert_close(gw, ref_gw, **tol)
+    exact = torch.autograd.grad(torch.nn.functional.cross_entropy(h @ w.t(), y), (h, w))
+    for got, want in zip((gh, gw), exact):  # and float32's to bf16 rounding
+        assert (got - want).norm() < 1e-2 * want.norm()
+
+
 def test_chunked_loss_backward_hands_its_gradient_over_and_stays_right_when_retained(monkeypatch):
     """loss.backward() gives the head's weight the (V, D) gradient the forward computed (no copy); a retained
     graph backpropagated twice still accumulates twice the true gradient."""
