@@ -18,7 +18,8 @@ one thread each):
 * **seed config step**: ``gpt`` and ``hybrid`` at the seed's configuration (GPT-2 vocabulary,
   d=256, 6 layers, batch 32 x 64, dropout 0.1; the hybrid's ODE block over layers 2-4 with 4
   Euler steps) against ``bench/seed_reference.py``, a re-implementation of the seed's model and
-  training step, in the same round robin.
+  training step, in the same round robin. Where the CPU computes bf16 natively, both also under
+  bf16 autocast (the same precision for ours and the reference; no target).
 * **decode**: ``nl.generate`` of ``--decode-tokens`` greedy tokens after a 16-token prompt with
   the cache against without it, per arch, at notebook 06's cpu sizes (d=64, 4 heads, depth 4):
   after an untimed warm-up, the fastest of ``--rounds`` runs each, in alternating order (the
@@ -44,6 +45,7 @@ import argparse
 import contextlib
 import csv
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -60,7 +62,7 @@ import nodelm_lib as nl  # noqa: E402
 from nodelm_lib.experiment import architecture_arms  # noqa: E402
 from nodelm_lib.models import count_params  # noqa: E402
 from nodelm_lib.profiling import cpu_description, forward_flops_per_token, keep_freed_memory  # noqa: E402
-from nodelm_lib.train import _grad_norms, clip_gradients, enable_tf32  # noqa: E402
+from nodelm_lib.train import _grad_norms, clip_gradients, cpu_has_native_bf16, enable_tf32  # noqa: E402
 from seed_reference import SeedLM, seed_training_step  # noqa: E402
 
 TARGETS = {"ti_ssm": 1.5, "node": 1.2, "ti_mlp": 1.2, "hybrid": 1.2}  # max step-time ratio to gpt (issue 20)
@@ -202,7 +204,8 @@ def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
 def bench_seed_config(rounds: int, threads: int) -> list[dict]:
     """At the seed's size one run has the machine to itself: ``threads`` (default: every core).
     With nl.train's allocator setting (``keep_freed_memory``), which the reference, in the same
-    process, gets too."""
+    process, gets too. Where this CPU computes bf16 natively, both again under bf16 autocast
+    (``nl.train(dtype="bfloat16")``), in the same round robin: rows without a target."""
     keep_freed_memory()
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -212,26 +215,44 @@ def bench_seed_config(rounds: int, threads: int) -> list[dict]:
             "hybrid": nl.ModelConfig(arch="hybrid", vocab_size=V, ode_start=2, ode_end=4,
                                      ode=nl.ODEConfig(method="euler", n_steps=4), **common)}
     refs = {"gpt": SeedLM(V, **common), "hybrid": SeedLM(V, ode_start=2, ode_end=4, n_steps=4, **common)}
+    precisions = {"": contextlib.nullcontext}
+    if cpu_has_native_bf16():
+        precisions[", bf16 autocast"] = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
     steps = {}
     for name, cfg in ours.items():
         model = nl.build_model(cfg).train()
-        steps[name] = our_training_step(model, torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True))
         ref = refs[name].train()
-        opt = torch.optim.AdamW(ref.parameters(), lr=3e-4)
-        steps["seed " + name] = lambda x, y, ref=ref, opt=opt: seed_training_step(ref, opt, x, y)
+        optimizer, ref_optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True), torch.optim.AdamW(
+            ref.parameters(), lr=3e-4)
+        for suffix, autocast in precisions.items():
+            steps[name + suffix] = our_training_step(model, optimizer, autocast=autocast)
+            steps["seed " + name + suffix] = functools.partial(seed_step, ref, ref_optimizer, autocast)
     x = torch.randint(0, V, (32, 64))
     median = round_robin(steps, (x, torch.roll(x, -1, 1)), rounds, block=2)
     share = {name: product_share(lambda: steps[name](x, torch.roll(x, -1, 1)), 2) for name in ours}
     torch.set_num_threads(previous)
     peak = float32_matmul_gflops(threads)
     flops = {name: 3 * forward_flops_per_token(nl.build_model(cfg), 64) * x.numel() for name, cfg in ours.items()}
-    return [dict(benchmark="seed config training step", case=name, value=1000 * median[name], unit="ms/step",
+    rows = [dict(benchmark="seed config training step", case=name, value=1000 * median[name], unit="ms/step",
                  reference="seed " + name, reference_value=1000 * median["seed " + name],
                  ratio=median["seed " + name] / median[name], flops_ratio=None, target=1.5,
                  met=bool(median["seed " + name] / median[name] >= 1.5),
                  **at_peak(flops[name], median[name], median["seed " + name], peak),
                  product_share=share[name], ratio_products_only=median["seed " + name] / (share[name] * median[name]))
             for name in ours]
+    for suffix in list(precisions)[1:]:
+        rows += [dict(benchmark="seed config training step" + suffix, case=name, value=1000 * median[name + suffix],
+                      unit="ms/step", reference="seed " + name, reference_value=1000 * median["seed " + name + suffix],
+                      ratio=median["seed " + name + suffix] / median[name + suffix], flops_ratio=None, target=None,
+                      met=None, speedup_over_float32=median[name] / median[name + suffix])
+                 for name in ours]
+    return rows
+
+
+def seed_step(ref, optimizer, autocast, x, y) -> None:
+    """``seed_training_step`` under ``autocast``."""
+    with autocast():
+        seed_training_step(ref, optimizer, x, y)
 
 
 def bench_decode(new_tokens: int, rounds: int = 3) -> list[dict]:
