@@ -142,9 +142,15 @@ def test_every_arm_traces_to_one_graph_for_torch_compile(arm):
     """The gpu profiles compile every arm: a graph break splits the step into pieces run one by
     one (the decode cache's and the time grid's context variables once broke node's into dozens,
     and compiled training ran 1.8x slower than eager on an H100). Dynamo's trace only: no C++
-    compiler needed."""
+    compiler needed.
+
+    The SSM arms' scan must be one operator per call of a layer (``nodelm::selective_scan``), with
+    none of its loop's in-place steps in the graph: traced position by position, ti_ssm at 02's gpu
+    sizes took 205 s to compile on a CPU (over 10 minutes on an H100) and its compiled step ran
+    2.6x slower than eager."""
     from nodelm_lib.config import for_arch
     from nodelm_lib.experiment import CONTROLS
+    from nodelm_lib.models.ssm import COMPILED_SCAN, SelectiveSSM
 
     base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=3, max_seq_len=32,
                           ssm_state_size=4)
@@ -155,6 +161,15 @@ def test_every_arm_traces_to_one_graph_for_torch_compile(arm):
     explained = torch._dynamo.explain(model)(x, torch.roll(x, -1, 1), return_logits=False)
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
+    scan_calls = []  # one scan per call of a layer (ti_ssm calls its one layer at every solver step)
+    for layer in (m for m in model.modules() if isinstance(m, SelectiveSSM)):
+        layer.register_forward_hook(lambda *_: scan_calls.append(1))
+    model(x, torch.roll(x, -1, 1), return_logits=False)
+    if COMPILED_SCAN is not None:  # torch >= 2.4
+        nodes = list(explained.graphs[0].graph.nodes)
+        assert sum(str(n.target) == "nodelm.selective_scan.default" for n in nodes) == len(scan_calls)
+        assert not [n for n in nodes if n.op == "call_method" and n.target == "addcmul_"]
+    assert (len(scan_calls) > 0) == (arm in ("ti_ssm", "ssm"))
 
 
 def test_a_compiled_model_refuses_a_decode_cache_instead_of_ignoring_it():

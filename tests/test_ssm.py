@@ -252,32 +252,6 @@ def test_the_compiled_scan_operator_equals_the_eager_scan_bit_for_bit(with_h0, u
 
 
 @needs_custom_op
-@pytest.mark.parametrize("arch", ["ti_ssm", "ssm"])
-def test_under_torch_compile_the_scan_is_one_operator_not_an_unrolled_loop(arch):
-    """Traced position by position, ti_ssm at 02's gpu sizes took 205 s to compile on a CPU (over
-    10 minutes on an H100) and its compiled step ran 2.6x slower than eager. Dynamo must see
-    one scan operator per call of a layer and none of the loop's in-place steps."""
-    from nodelm_lib.experiment import CONTROLS
-    from nodelm_lib.config import for_arch
-
-    base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=3, max_seq_len=40,
-                          ssm_state_size=4)
-    cfg = CONTROLS[arch](base) if arch in CONTROLS else for_arch(base, arch)
-    model = nl.build_model(cfg).train()
-    x = torch.randint(0, cfg.vocab_size, (2, 40))
-    torch._dynamo.reset()
-    explained = torch._dynamo.explain(model)(x, torch.roll(x, -1, 1), return_logits=False)
-    assert explained.graph_count == 1 and explained.graph_break_count == 0
-    targets = [str(node.target) for node in explained.graphs[0].graph.nodes if node.op == "call_function"]
-    calls = []  # one scan per call of a layer (ti_ssm calls its one layer at every solver step)
-    for layer in (m for m in model.modules() if isinstance(m, SelectiveSSM)):
-        layer.register_forward_hook(lambda *_: calls.append(1))
-    model(x, torch.roll(x, -1, 1), return_logits=False)
-    assert targets.count("nodelm.selective_scan.default") == len(calls) > 0
-    assert not [n for n in explained.graphs[0].graph.nodes if n.op == "call_method" and n.target == "addcmul_"]
-
-
-@needs_custom_op
 @pytest.mark.slow
 def test_compiled_ti_ssm_step_matches_eager():
     """Inductor compiles ti_ssm around the scan operator (its kernels take the operator's outputs
