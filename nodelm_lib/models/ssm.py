@@ -286,9 +286,9 @@ def _blocks(length: int, block: int) -> list[tuple[int, int]]:
 # (d 256, depth 6, T 128) compiling ti_ssm took 205 s on a CPU (over 10 minutes on an H100) and its
 # compiled step ran 2.6x slower than eager (362 vs 140 ms at batch 4, AVX-512 EPYC). While
 # compiling, the scan is instead one opaque operator, whose forward and backward run the eager
-# code above: the rest of the model compiles around it in one graph, and on one CUDA GPU the
-# graph's CUDA graph replays the scan's kernels with the rest (train.compile_for). Outputs are
-# contiguous, as the compiler assumes from the shapes the fake (meta) functions give.
+# code above: the rest of the model compiles around it in one graph (on one CUDA GPU its CUDA graph,
+# train.compile_for, should replay the scan's kernels with the rest: not yet run on a GPU). Outputs
+# are contiguous, as the compiler assumes from the shapes the fake (meta) functions give.
 
 
 def _define_compiled_scan():
