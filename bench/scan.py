@@ -1,7 +1,9 @@
 """The selective SSM's scan (``ti_ssm`` and ``ssm``), forward + backward, in one run: the library's
 fused scan (``selective_scan``, blocks of 16 positions), the same with the whole sequence as one
-block, the layer's chunked path (``linear_recurrence`` at several chunk lengths), and a candidate
-not yet in the library: a log-depth (Hillis-Steele) scan.
+block, the layer's chunked path (``linear_recurrence`` at several chunk lengths), and candidates
+not yet in the library: a log-depth (Hillis-Steele) scan, and torch's ``associative_scan``
+(its generic mode, a log-depth scan in Python; on CUDA also compiled in its pointwise mode, which
+inductor turns into one Triton kernel per scan).
 
     python bench/scan.py                      # 02's cpu sizes: B 12, T 64, D 128, N 16, 1 thread
     python bench/scan.py --device cuda --batch 32 --seq 128 --channels 256   # 02's gpu sizes
@@ -53,7 +55,23 @@ def level_recurrence(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return adjoint_recurrence(a, b, _level_scan)
 
 
-def candidates(T: int) -> dict:
+def _combine(earlier, later):
+    """Two consecutive steps h -> a h + b composed: first ``earlier``, then ``later``."""
+    (a1, b1), (a2, b2) = earlier, later
+    return a2 * a1, a2 * b1 + b2
+
+
+def associative_recurrence(combine_mode: str):
+    """h_s = a_s h_{s-1} + b_s along dim 1 by torch's ``associative_scan`` (torch >= 2.5; None
+    where it is missing), differentiated by torch's own rule for it."""
+    try:
+        from torch._higher_order_ops.associative_scan import associative_scan
+    except ImportError:
+        return None
+    return lambda a, b: associative_scan(_combine, (a, b), dim=1, combine_mode=combine_mode)[1]
+
+
+def candidates(T: int, device: str = "cpu") -> dict:
     """name -> scan(x, delta, A, B_s, C_s) returning (y, last state)."""
     scans = {"fused, blocks of 16 (library)": selective_scan,
              f"fused, one block of {T}": functools.partial(selective_scan, block=T)}
@@ -62,6 +80,12 @@ def candidates(T: int) -> dict:
             scans[f"chunked, L={L} (layer's chunk_size)"] = functools.partial(
                 scan_in_float32, scan_with(functools.partial(linear_recurrence, chunk_size=L)))
     scans["log-depth (candidate)"] = functools.partial(scan_in_float32, scan_with(level_recurrence))
+    generic = associative_recurrence("generic")
+    if generic is not None:
+        scans["associative_scan, generic (candidate)"] = functools.partial(scan_in_float32, scan_with(generic))
+        if device == "cuda":  # the pointwise mode runs on CUDA only
+            scans["associative_scan, compiled (candidate)"] = torch.compile(functools.partial(
+                scan_in_float32, scan_with(associative_recurrence("pointwise"))))
     return scans
 
 
@@ -119,7 +143,7 @@ def main() -> None:
     g = torch.Generator(device=a.device).manual_seed(1)
     grads = (torch.randn(a.batch, a.seq, a.channels, device=a.device, generator=g),
              torch.randn(a.batch, a.channels, a.states, device=a.device, generator=g))
-    scans = candidates(a.seq)
+    scans = candidates(a.seq, a.device)
     library = forward_backward(selective_scan, xs, grads)
     cpu = cpu_description()
     where = (torch.cuda.get_device_name() if a.device == "cuda"
@@ -128,7 +152,11 @@ def main() -> None:
           f"forward + backward, median of {a.repeats}")
     reference = None
     for name, scan in scans.items():
-        got = forward_backward(scan, xs, grads)
+        try:
+            got = forward_backward(scan, xs, grads)  # a compiled candidate compiles here
+        except Exception as error:  # a candidate that cannot run here is reported, not timed
+            print(f"  {name:36s} failed: {type(error).__name__}: {str(error).splitlines()[0][:150]}")
+            continue
         diff = max(float((u - v).abs().max() / v.abs().max()) for u, v in zip(got, library))
         seconds = timed(lambda scan=scan: forward_backward(scan, xs, grads), a.repeats, a.device)
         reference = reference or seconds

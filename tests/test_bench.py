@@ -98,6 +98,29 @@ def test_the_scan_benchmark_runs_and_prints_a_row_per_candidate(capsys, monkeypa
         assert name in out
 
 
+def test_a_scan_candidate_that_cannot_run_is_reported_and_the_others_are_still_timed(capsys, monkeypatch):
+    """(The compiled associative_scan candidate, for one, runs on CUDA only.)"""
+    def broken(*xs):
+        raise RuntimeError("For combine_mode='pointwise', all input tensors need to be on CUDA or XPU")
+
+    library = scan.candidates(12)
+    monkeypatch.setattr(scan, "candidates", lambda T, device: {"broken (candidate)": broken, **library})
+    monkeypatch.setattr(sys, "argv", ["scan.py", "--batch", "2", "--seq", "12", "--channels", "4", "--states", "2",
+                                      "--repeats", "1", "--threads", str(torch.get_num_threads())])
+    scan.main()
+    out = capsys.readouterr().out
+    assert "broken (candidate)" in out and "failed: RuntimeError: For combine_mode='pointwise'" in out
+    assert all(name in out for name in library) and out.count(" ms ") == len(library)
+
+
+def test_the_associative_scan_candidates_are_offered_where_torch_has_the_operator():
+    if scan.associative_recurrence("generic") is None:
+        pytest.skip("torch has no associative_scan (torch < 2.5)")
+    assert "associative_scan, generic (candidate)" in scan.candidates(12)
+    assert "associative_scan, compiled (candidate)" not in scan.candidates(12)  # pointwise: CUDA only
+    assert "associative_scan, compiled (candidate)" in scan.candidates(12, "cuda")  # compiles when first called
+
+
 def test_the_operator_count_skips_views_and_allocations_and_counts_each_kernel():
     x = torch.randn(4, 3)
     assert scan.kernel_operators(lambda: x.t().unsqueeze(0).transpose(1, 2).view(-1)) == 0  # views

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import nodelm_lib as nl
-from nodelm_lib.models.ssm import (COMPILED_SCAN, SelectiveSSM, linear_recurrence, linear_recurrence_reference, selective_scan,
-                                   selective_scan_reference)
+from nodelm_lib.models.ssm import (COMPILED_SCAN, SelectiveSSM, linear_recurrence, linear_recurrence_reference,
+                                   selective_scan, selective_scan_reference)
 
 
 def random_recurrence(shape, dtype=torch.float64, seed=0):

@@ -298,7 +298,8 @@ def _define_compiled_scan():
         return None
 
     @torch.library.custom_op("nodelm::selective_scan", mutates_args=(), schema=(
-        "(Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0, int block) -> (Tensor, Tensor, Tensor)"))
+        "(Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0, int block) "
+        "-> (Tensor, Tensor, Tensor)"))
     def scan(x, delta, A, B_s, C_s, h0, block):
         y, last, H = _scan_forward(x, delta, A, B_s, C_s, h0, block)
         return y.contiguous(), last.contiguous(), H
