@@ -115,7 +115,7 @@ def _autocast_dtype(device: torch.device) -> torch.dtype | None:
     kind = device.type
     try:  # torch >= 2.4
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
-    except TypeError:
+    except (TypeError, AttributeError):  # older: is_autocast_enabled() takes no device type
         dtype = torch.get_autocast_cpu_dtype() if kind == "cpu" and torch.is_autocast_cpu_enabled() else None
     return dtype if dtype is not None and dtype.itemsize < 4 else None
 
