@@ -94,18 +94,18 @@ def _chunked_cross_entropy_low_precision(h, weight, targets, chunk: int, with_gr
     G = torch.empty(min(group, n), vocab, dtype=dtype, device=h.device)
     buf = torch.empty(min(chunk, n), vocab, dtype=torch.float32, device=h.device)
     for first in range(0, n, group):
-        rows = slice(first, min(first + group, n))
-        for start in range(rows.start, rows.stop, chunk):
-            hc, yc = h_low[start:min(start + chunk, rows.stop)], targets[start:min(start + chunk, rows.stop)]
-            z_low = G[start - first:start - first + hc.shape[0]]
-            z = buf[:hc.shape[0]].copy_(_logits(hc, w_low, out=z_low))
-            total += _softmax_cross_entropy_(z, yc, n, with_grads)
+        last = min(first + group, n)
+        for start in range(first, last, chunk):
+            stop = min(start + chunk, last)
+            z_low = G[start - first:stop - first]
+            z = buf[:stop - start].copy_(_logits(h_low[start:stop], w_low, out=z_low))
+            total += _softmax_cross_entropy_(z, targets[start:stop], n, with_grads)
             if with_grads:
                 z_low.copy_(z)
         if with_grads:
-            G_rows = G[:rows.stop - rows.start]
-            grad_h[rows] = torch.mm(G_rows, w_low)
-            part = torch.mm(G_rows.t(), h_low[rows])
+            G_rows = G[:last - first]
+            grad_h[first:last] = torch.mm(G_rows, w_low)
+            part = torch.mm(G_rows.t(), h_low[first:last])
             grad_w = part.float() if grad_w is None else grad_w.add_(part)
     return total / n, grad_h, grad_w
 

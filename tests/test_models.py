@@ -10,6 +10,19 @@ import nodelm_lib as nl
 from nodelm_lib.config import ARCHS
 
 
+
+class _Operators(TorchDispatchMode):
+    """Records every operator run inside it, with the dtypes of its tensor arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, {a.dtype for a in args if isinstance(a, torch.Tensor)}))
+        return func(*args, **(kwargs or {}))
+
+
 def tiny(arch: str, **kw) -> nl.ModelConfig:
     base = dict(arch=arch, vocab_size=64, d_model=32, n_heads=4, n_layers=4, max_seq_len=32)
     base.update(kw)
@@ -157,8 +170,6 @@ def test_under_cpu_bf16_autocast_the_head_products_run_in_bf16_as_autocast_runs_
     ``dtype="bfloat16"`` on a CPU. Now every product takes bf16 operands, and the loss and
     gradients are those of autocast's own ``F.cross_entropy(F.linear(h, w), y)``: the loss to
     float rounding, the gradients exactly in one group of rows and to bf16 rounding in several."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from nodelm_lib import losses
 
     if group_rows:
@@ -168,25 +179,17 @@ def test_under_cpu_bf16_autocast_the_head_products_run_in_bf16_as_autocast_runs_
     w = (0.3 * torch.randn(40, 16)).requires_grad_()
     y = torch.randint(0, 40, (50,))
 
-    class ProductDtypes(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
-                self.seen.append({a.dtype for a in args if isinstance(a, torch.Tensor)})
-            return func(*args, **(kwargs or {}))
-
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        with ProductDtypes() as products:
+        with _Operators() as operators:
             loss = losses.linear_cross_entropy(h, w, y, chunk)
             gh, gw = torch.autograd.grad(loss, (h, w))
         ref = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w), y)
         with torch.no_grad():
             no_grad_loss = losses.linear_cross_entropy(h, w, y, chunk)
     ref_gh, ref_gw = torch.autograd.grad(ref, (h, w))
-    assert products.seen and all(dtypes == {torch.bfloat16} for dtypes in products.seen), products.seen
+    products = [dtypes for func, dtypes in operators.calls if func.overloadpacket in (torch.ops.aten.mm,
+                                                                                      torch.ops.aten.addmm)]
+    assert products and all(dtypes == {torch.bfloat16} for dtypes in products), products
     assert loss.dtype == gh.dtype == gw.dtype == torch.float32
     assert abs(loss.item() - ref.item()) < 1e-6 and abs(no_grad_loss.item() - ref.item()) < 1e-6
     tol = dict(rtol=0, atol=0) if group_rows is None else dict(rtol=2e-2, atol=1e-4)
@@ -318,26 +321,15 @@ def test_set_ode_evaluates_at_other_steps_and_solvers_and_reports_the_cost():
     assert nl.build_model(tiny("gpt")).ode_stats() == {}
 
 
-class _HostSyncs(TorchDispatchMode):
-    """Counts reads of a tensor's value into Python (``.item()``, indexing by a 0-d tensor): each
-    one stops the host until a GPU has caught up."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.__name__.startswith("_local_scalar_dense")
-        return func(*args, **(kwargs or {}))
-
-
 def host_syncs_of_a_training_pass(arch: str) -> int:
+    """Reads of a tensor's value into Python (``.item()``, indexing by a 0-d tensor) in a forward and
+    backward: each one stops the host until a GPU has caught up."""
     torch.manual_seed(0)
     model = nl.build_model(tiny(arch, dropout=0.0)).train()
     idx = torch.randint(0, 64, (2, 16))
-    with _HostSyncs() as syncs:
+    with _Operators() as operators:
         model(idx, torch.roll(idx, -1, 1), return_logits=False)[1].backward()
-    return syncs.count
+    return sum(func.__name__.startswith("_local_scalar_dense") for func, _ in operators.calls)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
