@@ -54,6 +54,36 @@ def test_compiled_training_matches_eager_and_records_its_compile_time(tmp_path):
     assert nl.generate(loaded, idx, 4, temperature=0).shape == (1, 12)  # decoding with the KV cache
 
 
+@pytest.mark.slow
+@needs_compiler
+def test_compiled_ti_ssm_step_matches_eager():
+    """Inductor compiles ti_ssm around the scan operator (its kernels take the operator's outputs
+    at the strides of its fake function): loss and every gradient as in eager."""
+    from nodelm_lib.config import for_arch
+    from nodelm_lib.models.ssm import COMPILED_SCAN
+
+    if COMPILED_SCAN is None:
+        pytest.skip("torch.library.custom_op needs torch >= 2.4")
+    cfg = for_arch(nl.ModelConfig(arch="gpt", vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=24,
+                                  ssm_state_size=4), "ti_ssm")
+    torch.manual_seed(0)
+    model = nl.build_model(cfg).train()
+    x = torch.randint(0, cfg.vocab_size, (3, 24))
+
+    def step(m):
+        model.zero_grad(set_to_none=True)
+        _, loss = m(x, torch.roll(x, -1, 1))
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    loss, grads = step(model)
+    torch._dynamo.reset()
+    loss_c, grads_c = step(torch.compile(model))
+    torch.testing.assert_close(loss_c, loss, rtol=1e-5, atol=1e-6)
+    for g, g_c in zip(grads, grads_c, strict=True):
+        torch.testing.assert_close(g_c, g, rtol=1e-4, atol=1e-6)
+
+
 def test_old_records_load_without_a_compile_time():
     rec = nl.RunRecord(config=nl.config.to_dict(tiny_run()), config_hash="x", seed=0)
     old = json.loads(rec.to_json())
