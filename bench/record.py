@@ -13,8 +13,8 @@ one thread each):
   setting (``keep_freed_memory``) and its gradient norms and clipping. Each arm trains in a fresh
   process as in the sweep, the arms taking turns (``--rounds`` processes each, so a slow period
   of the machine hits them alike); the median step. Also the ratio of forward FLOPs per
-  token: a ratio of times near the
-  ratio of FLOPs means the arm costs what its arithmetic says.
+  token at the step's batch (weights generated from t count once per pass): a ratio of times near
+  the ratio of FLOPs means the arm costs what its arithmetic says.
 * **seed config step**: ``gpt`` and ``hybrid`` at the seed's configuration (GPT-2 vocabulary,
   d=256, 6 layers, batch 32 x 64, dropout 0.1; the hybrid's ODE block over layers 2-4 with 4
   Euler steps) against ``bench/seed_reference.py``, a re-implementation of the seed's model and
@@ -188,7 +188,8 @@ def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
                                  check=True, capture_output=True, text=True).stdout
             samples[name] += json.loads(out.strip().splitlines()[-1])[2:]
     median = {name: float(np.median(t)) for name, t in samples.items()}
-    flops = {name: forward_flops_per_token(nl.build_model(cfg), 64) for name, cfg in arms.items()}
+    # at the step's batch: node generates its weights once per pass, for all 12 sequences
+    flops = {name: forward_flops_per_token(nl.build_model(cfg), 64, 12) for name, cfg in arms.items()}
     peak = float32_matmul_gflops(threads)
     rows = []
     for name in arms:
@@ -232,7 +233,7 @@ def bench_seed_config(rounds: int, threads: int) -> list[dict]:
     share = {name: product_share(lambda: steps[name](x, torch.roll(x, -1, 1)), 2) for name in ours}
     torch.set_num_threads(previous)
     peak = float32_matmul_gflops(threads)
-    flops = {name: 3 * forward_flops_per_token(nl.build_model(cfg), 64) * x.numel() for name, cfg in ours.items()}
+    flops = {name: 3 * forward_flops_per_token(nl.build_model(cfg), 64, len(x)) * x.numel() for name, cfg in ours.items()}
     rows = [dict(benchmark="seed config training step", case=name, value=1000 * median[name], unit="ms/step",
                  reference="seed " + name, reference_value=1000 * median["seed " + name],
                  ratio=median["seed " + name] / median[name], flops_ratio=None, target=1.5,
@@ -306,7 +307,7 @@ def bench_nanogpt(rounds: int, steps: int = 20) -> list[dict]:
     run_turn(runners["ours"], 2)  # back in the cache after the reference's turn
     share = product_share(runners["ours"].step, 10)
     tokens = cfg.batch_size * cfg.block_size
-    flops = 3 * forward_flops_per_token(runners["ours"].model, cfg.block_size) * tokens
+    flops = 3 * forward_flops_per_token(runners["ours"].model, cfg.block_size, cfg.batch_size) * tokens
     return [dict(benchmark="baby config step vs nanoGPT", case="gpt", value=tokens / ours, unit="tokens/s",
                  reference="nanoGPT", reference_value=tokens / ref, ratio=ref / ours, flops_ratio=None,
                  target=1.3, met=bool(ref / ours >= 1.3),
@@ -373,7 +374,7 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
     gpu = torch.cuda.get_device_name() if device == "cuda" else ""
     short = next((g for g in ("H200", "H100", "A100", "L4", "T4") if g in gpu), None)
     tokens = base.batch_size * base.seq_len
-    flops = {name: forward_flops_per_token(nl.build_model(cfg), base.seq_len) for name, cfg in arms.items()}
+    flops = {name: forward_flops_per_token(nl.build_model(cfg), base.seq_len, base.batch_size) for name, cfg in arms.items()}
     # the library's FLOPs-based guess per step (MFU 0.3 of the datasheet peak, no floor)
     planned = {name: None if short is None else 1000 * estimate_time(
         dataclasses.replace(base, model=cfg, max_steps=1), gpus=[short]).rows[0]["seconds"][short]

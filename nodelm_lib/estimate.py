@@ -78,20 +78,22 @@ def get_gpu(gpu: str | GPU) -> GPU:
                      "or pass a GPU(name, tflops={'bfloat16': ..., 'float32': ...})")
 
 
-def forward_flops(tc: TrainConfig) -> float:
-    """Forward FLOPs per token of ``tc``'s model at ``tc.seq_len`` (``profiling.forward_flops_per_token``).
+def forward_flops(tc: TrainConfig, batch_size: int | None = None) -> float:
+    """Forward FLOPs per token of ``tc``'s model at ``tc.seq_len``, on forward passes of
+    ``batch_size`` sequences (default ``tc.batch_size``: one device) (``profiling.forward_flops_per_token``).
 
-    Fixed-step models are built on the meta device (no memory, no time); a model with an
-    adaptive solver is built on the CPU, where its steps at initialisation are what is counted.
+    Fixed-step models are built on the meta device (no memory, no time) where they can be; others
+    (an adaptive solver, whose steps at initialisation are what is counted) on the CPU.
     The global random state is left as it was.
     """
     cfg = _model_with_vocab(tc)
+    batch_size = tc.batch_size if batch_size is None else batch_size
     try:
         with torch.device("meta"):
-            return forward_flops_per_token(build_model(cfg), tc.seq_len)
-    except (NotImplementedError, RuntimeError):  # adaptive step control reads values: meta has none
+            return forward_flops_per_token(build_model(cfg), tc.seq_len, batch_size)
+    except (NotImplementedError, RuntimeError):  # values read on the host (step control, unique times): meta has none
         with torch.random.fork_rng(devices=[]):
-            return forward_flops_per_token(build_model(cfg), tc.seq_len)
+            return forward_flops_per_token(build_model(cfg), tc.seq_len, batch_size)
 
 
 def train_flops(run: Run, flops_per_token: float | None = None) -> float:

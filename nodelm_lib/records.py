@@ -42,6 +42,29 @@ def record_row(record: RunRecord, arm: str | None = None) -> dict:
     return row
 
 
+def forward_batch(record: RunRecord) -> int:
+    """Sequences per forward pass of a record's training steps: its batch, split over the ranks
+    of a data-parallel run."""
+    return record.train_config.batch_size // record.environment.get("world_size", 1)
+
+
+def recount_flops(record: RunRecord) -> bool:
+    """Count ``record.flops_per_token`` again, in place, where it was counted at another batch than
+    its training steps' forward passes (``forward_batch``); True if it changed.
+
+    Records written before the count took the batch have it at one sequence. That overstates a
+    model whose weights are generated from t once per pass: ``node``'s hypernetwork at 02's cpu
+    profile (batch 12) counted 3.36M FLOPs per token instead of the 1.90M its training did."""
+    from .estimate import forward_flops
+
+    batch = forward_batch(record)
+    if record.flops_per_token <= 0 or record.flops_batch_size == batch:
+        return False
+    record.flops_per_token = forward_flops(record.train_config, batch)
+    record.flops_batch_size = batch
+    return True
+
+
 def pooled_loss(runs: pd.DataFrame, splits: Iterable[str] = ("val", "test")) -> pd.Series:
     """Per run, the loss over several whole splits together, each weighted by its tokens
     (``record_row``'s ``<split>_loss`` and ``<split>_tokens``). For tiny-shakespeare,

@@ -19,13 +19,17 @@ trained by two workers at once; one that finds a run claimed waits for its recor
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 from . import claims
 from .config import TrainConfig
 from .distributed import launch_context
 from .isolated import train_in_subprocess
+from .records import recount_flops
 from .train import CHECKPOINT_NAME, RunRecord, train, with_tokenizer_vocab
+
+log = logging.getLogger(__name__)
 
 DEFAULT_STORE = "results/runs"
 DEFAULT_CHECKPOINTS = "checkpoints/runs"
@@ -40,7 +44,7 @@ def stored_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE) -> RunReco
     path = record_path(store, with_tokenizer_vocab(tc).config_hash())
     if not path.exists():
         return None
-    record = RunRecord.from_json(path)
+    record = read_record(path)
     return record if record.status in ("completed", "failed") else None
 
 
@@ -107,4 +111,15 @@ def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpo
 
 def load_records(store: str | Path = DEFAULT_STORE) -> list[RunRecord]:
     """Every record in ``store``, sorted by file name."""
-    return [RunRecord.from_json(p) for p in sorted(Path(store).glob("*.json"))]
+    return [read_record(p) for p in sorted(Path(store).glob("*.json"))]
+
+
+def read_record(path: str | Path) -> RunRecord:
+    """The record at ``path``. A finished record whose FLOPs were counted at another batch than
+    its training's (written before the count took the batch: ``records.recount_flops``) is
+    counted again and written back, once, so every table of a store compares the same count."""
+    record = RunRecord.from_json(path)
+    if record.status in ("completed", "failed") and recount_flops(record):
+        record.to_json(path)
+        log.info("%s: FLOPs per token counted again at the training batch (%d sequences)", path, record.flops_batch_size)
+    return record

@@ -77,6 +77,9 @@ class RunRecord:
     final: dict = field(default_factory=dict)  # train_loss, val_loss, test_loss
     params: dict = field(default_factory=dict)  # total, non_embedding
     flops_per_token: float = 0.0  # forward pass, matmuls and attention (profiling.forward_flops_per_token)
+    # the sequences per forward pass that flops_per_token was counted at: this process's share of
+    # the batch (records written before the count took a batch have 1, the count at one sequence)
+    flops_batch_size: int = 1
     wall_time_s: float = 0.0
     train_time_s: float = 0.0
     tokens_per_s: float = 0.0
@@ -515,7 +518,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     record = RunRecord(
         config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed,
         params={"total": model.num_params(), "non_embedding": model.num_params(non_embedding=True)},
-        flops_per_token=forward_flops_per_token(model, tc.seq_len),
+        flops_per_token=forward_flops_per_token(model, tc.seq_len, local_batch), flops_batch_size=local_batch,
         environment=environment(device, ctx),
     )
     record.activation_mb = activation_bytes(model, *probe, autocast) / 2**20

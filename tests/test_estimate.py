@@ -21,7 +21,8 @@ def cfg(arch="gpt", **kw) -> nl.TrainConfig:
 def test_forward_flops_are_the_records_count():
     tc = cfg("hybrid")
     model = nl.build_model(dataclasses.replace(tc.model, vocab_size=256))  # the char tokenizer's vocabulary
-    assert forward_flops(tc) == forward_flops_per_token(model, tc.seq_len) > 0
+    assert forward_flops(tc) == forward_flops_per_token(model, tc.seq_len, tc.batch_size) > 0
+    assert forward_flops(tc, 1) == forward_flops_per_token(model, tc.seq_len) > forward_flops(tc)
     assert train_flops(tc) == TRAIN_FLOPS_PER_FORWARD_FLOP * forward_flops(tc) * 1000 * 8 * 64
 
 

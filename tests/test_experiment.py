@@ -156,7 +156,7 @@ def _fake_record(tc: nl.TrainConfig, seconds_per_step: float, steps: int = 10) -
     tc = with_tokenizer_vocab(tc)
     return nl.RunRecord(config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
                         metrics=[{"step": i + 1, "loss": 1.0} for i in range(steps)], flops_per_token=1e6,
-                        train_time_s=seconds_per_step * steps)
+                        flops_batch_size=tc.batch_size, train_time_s=seconds_per_step * steps)
 
 
 def test_expected_seconds_uses_measured_step_times_then_flops(tmp_path):
@@ -274,6 +274,47 @@ def test_forward_flops_per_token_counts_matmuls_attention_and_every_stage(monkey
     monkeypatch.setattr(ODEBlock, "field_times", lambda self, x: None)  # weights per evaluation
     assert body("rk4") == pytest.approx(4 * body("euler"), rel=1e-6)  # four field evaluations per step
     assert shared < body("rk4")
+
+
+def test_flops_per_token_count_weights_generated_from_t_once_per_pass():
+    """node's hypernetwork weights are generated once per forward pass, so per token they cost
+    less at a larger batch; the two-count formula equals a direct count at that batch. A gpt
+    costs the same per token at any batch."""
+    from nodelm_lib.profiling import _forward_flops, forward_flops_per_token
+
+    T = 16
+    node = nl.build_model(nl.config.for_arch(nl.ModelConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=2,
+                                                            max_seq_len=T), "node"))
+    gpt = nl.build_model(nl.ModelConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=2, max_seq_len=T))
+    assert forward_flops_per_token(node, T, 5) == pytest.approx(_forward_flops(node, T, 5) / (5 * T), rel=1e-12)
+    assert forward_flops_per_token(node, T, 5) < forward_flops_per_token(node, T, 2) < forward_flops_per_token(node, T)
+    assert forward_flops_per_token(gpt, T, 5) == forward_flops_per_token(gpt, T)
+    with pytest.raises(ValueError, match="batch_size=0"):
+        forward_flops_per_token(gpt, T, 0)
+
+
+def test_a_stored_record_counted_at_one_sequence_is_counted_again_at_its_batch(tmp_path):
+    """Records written before the FLOPs count took the batch have it at one sequence: reading the
+    store counts it again at the training batch and writes it back, once; a record counted at its
+    batch, or one still running, is left as it is."""
+    from nodelm_lib.estimate import forward_flops
+    from nodelm_lib.store import load_records, read_record
+
+    tc = tiny(model=nl.config.for_arch(tiny().model, "node"))
+    old = _fake_record(tc, 0.5)
+    old.flops_per_token, old.flops_batch_size = forward_flops(tc, 1), 1
+    path = record_path(tmp_path, "old")
+    old.to_json(path)
+    assert forward_flops(tc) < old.flops_per_token and tc.batch_size > 1
+    read = read_record(path)
+    assert read.flops_batch_size == tc.batch_size and read.flops_per_token == forward_flops(tc)
+    assert nl.RunRecord.from_json(path).flops_per_token == read.flops_per_token  # written back
+    written = path.read_text()
+    assert load_records(tmp_path)[0].flops_per_token == read.flops_per_token and path.read_text() == written
+
+    running = dataclasses.replace(old, status="running")
+    running.to_json(path)
+    assert read_record(path).flops_batch_size == 1 and path.read_text() == running.to_json()
 
 
 def test_report_table_shows_mean_ci_and_the_paired_comparison():
