@@ -233,7 +233,8 @@ def bench_seed_config(rounds: int, threads: int) -> list[dict]:
     share = {name: product_share(lambda: steps[name](x, torch.roll(x, -1, 1)), 2) for name in ours}
     torch.set_num_threads(previous)
     peak = float32_matmul_gflops(threads)
-    flops = {name: 3 * forward_flops_per_token(nl.build_model(cfg), 64, len(x)) * x.numel() for name, cfg in ours.items()}
+    flops = {name: 3 * forward_flops_per_token(nl.build_model(cfg), 64, len(x)) * x.numel()
+             for name, cfg in ours.items()}
     rows = [dict(benchmark="seed config training step", case=name, value=1000 * median[name], unit="ms/step",
                  reference="seed " + name, reference_value=1000 * median["seed " + name],
                  ratio=median["seed " + name] / median[name], flops_ratio=None, target=1.5,
@@ -374,7 +375,8 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
     gpu = torch.cuda.get_device_name() if device == "cuda" else ""
     short = next((g for g in ("H200", "H100", "A100", "L4", "T4") if g in gpu), None)
     tokens = base.batch_size * base.seq_len
-    flops = {name: forward_flops_per_token(nl.build_model(cfg), base.seq_len, base.batch_size) for name, cfg in arms.items()}
+    flops = {name: forward_flops_per_token(nl.build_model(cfg), base.seq_len, base.batch_size)
+             for name, cfg in arms.items()}
     # the library's FLOPs-based guess per step (MFU 0.3 of the datasheet peak, no floor)
     planned = {name: None if short is None else 1000 * estimate_time(
         dataclasses.replace(base, model=cfg, max_steps=1), gpus=[short]).rows[0]["seconds"][short]

@@ -121,5 +121,6 @@ def read_record(path: str | Path) -> RunRecord:
     record = RunRecord.from_json(path)
     if record.status in ("completed", "failed") and recount_flops(record):
         record.to_json(path)
-        log.info("%s: FLOPs per token counted again at the training batch (%d sequences)", path, record.flops_batch_size)
+        log.info("%s: FLOPs per token counted again at the training batch (%d sequences)", path,
+                 record.flops_batch_size)
     return record

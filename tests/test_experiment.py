@@ -276,7 +276,7 @@ def test_forward_flops_per_token_counts_matmuls_attention_and_every_stage(monkey
     assert shared < body("rk4")
 
 
-def test_flops_per_token_count_weights_generated_from_t_once_per_pass():
+def test_flops_per_token_counts_weights_generated_from_t_once_per_pass():
     """node's hypernetwork weights are generated once per forward pass, so per token they cost
     less at a larger batch; the two-count formula equals a direct count at that batch. A gpt
     costs the same per token at any batch."""
