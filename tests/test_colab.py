@@ -130,16 +130,44 @@ def notebook_parameters(notebook: Path) -> dict:
     return {k: v for k, v in namespace.items() if not k.startswith("__")}
 
 
+def load_profile(path: Path) -> dict:
+    """A profile's values, refusing a key set twice (plain YAML keeps the last one silently)."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise yaml.constructor.ConstructorError(None, None, f"{path.name} sets {twice} twice", node.start_mark)
+        return loader.construct_mapping(node, deep=deep)
+
+    UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(path.read_text(), Loader=UniqueKeys)
+
+
+def test_a_profile_setting_a_key_twice_is_refused(tmp_path):
+    import yaml
+
+    path = tmp_path / "colab.yaml"
+    path.write_text("profile: d=128, depth 4\nseeds: [0]\nprofile: colab\n")
+    with pytest.raises(yaml.constructor.ConstructorError, match=r"\['profile'\] twice"):
+        load_profile(path)
+    path.write_text("profile: colab\nseeds: [0]\n")
+    assert load_profile(path) == {"profile": "colab", "seeds": [0]}
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_profiles_set_only_parameters_the_notebook_has(notebook):
     """papermill passes unknown names silently: a misspelt key would leave the default in place."""
-    import yaml
     names = notebook_parameters(notebook)
     assert names["device"] == "auto" and names["work_dir"] is None and names["dtype"] == "float32"
     profiles = sorted((ROOT / "params" / notebook.stem).glob("*.yaml"))
     assert {p.stem for p in profiles} >= {"cpu", "gpu", "colab"}
     for path in profiles:
-        values = yaml.safe_load(path.read_text())
+        values = load_profile(path)
         unknown = sorted(set(values) - set(names))
         assert not unknown, f"{path.relative_to(ROOT)} sets {unknown}, not parameters of {notebook.name}"
         assert values["profile"] == path.stem
