@@ -14,7 +14,9 @@ one thread each):
   process as in the sweep, the arms taking turns (``--rounds`` processes each, so a slow period
   of the machine hits them alike); the median step. Also the ratio of forward FLOPs per
   token at the step's batch (weights generated from t count once per pass): a ratio of times near
-  the ratio of FLOPs means the arm costs what its arithmetic says.
+  the ratio of FLOPs means the arm costs what its arithmetic says. Also ``gpt`` and ``node`` at 48
+  sequences, where a cost paid once per step (node's 13M hypernetwork parameters) weighs 4x less
+  per token (no target).
 * **seed config step**: ``gpt`` and ``hybrid`` at the seed's configuration (GPT-2 vocabulary,
   d=256, 6 layers, batch 32 x 64, dropout 0.1; the hybrid's ODE block over layers 2-4 with 4
   Euler steps) against ``bench/seed_reference.py``, a re-implementation of the seed's model and
@@ -157,15 +159,15 @@ def cpu_02_arms() -> dict[str, nl.ModelConfig]:
     return {name: arm["model"] for name, arm in arms.items()}
 
 
-def arm_step_seconds(name: str, steps: int, threads: int) -> list[float]:
-    """Seconds of each of ``steps`` training steps of 02's arm ``name``, in this process (with the
-    allocator setting ``nl.train`` uses on a CPU)."""
+def arm_step_seconds(name: str, steps: int, threads: int, batch: int = 12) -> list[float]:
+    """Seconds of each of ``steps`` training steps of 02's arm ``name`` on ``batch`` sequences, in
+    this process (with the allocator setting ``nl.train`` uses on a CPU)."""
     torch.set_num_threads(threads)
     keep_freed_memory()
     torch.manual_seed(0)
     model = nl.build_model(cpu_02_arms()[name])
     step = our_training_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True))
-    x = torch.randint(0, 256, (12, 64))
+    x = torch.randint(0, 256, (batch, 64))
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -174,31 +176,40 @@ def arm_step_seconds(name: str, steps: int, threads: int) -> list[float]:
     return times
 
 
+# (arm, sequences per step) beyond 02's every arm at 12: node and gpt at 4x the batch, where a
+# per-step cost (node moves its 13M hypernetwork parameters every step) weighs 4x less per token
+AMORTISED = [("gpt", 48), ("node", 48)]
+
+
 def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
     """Each arm trains in a fresh process, as every run of the sweep does (its allocator and
     caches start empty, which decides a lot at these sizes); the arms take turns, ``rounds``
     processes each, 12 steps per process of which the first two are dropped; each round starts
-    at the next arm, so no arm is always first after a pause."""
+    at the next arm, so no arm is always first after a pause. Then ``AMORTISED``'s arms, the same
+    way, at their larger batch."""
     arms = cpu_02_arms()
-    samples = {name: [] for name in arms}
-    names = list(arms)
+    cases = [(name, 12) for name in arms] + AMORTISED
+    samples = {case: [] for case in cases}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # each round starts with another arm
-            out = subprocess.run([sys.executable, __file__, "--child-arm", name, "--threads", str(threads)],
-                                 check=True, capture_output=True, text=True).stdout
-            samples[name] += json.loads(out.strip().splitlines()[-1])[2:]
-    median = {name: float(np.median(t)) for name, t in samples.items()}
-    # at the step's batch: node generates its weights once per pass, for all 12 sequences
-    flops = {name: forward_flops_per_token(nl.build_model(cfg), 64, 12) for name, cfg in arms.items()}
+        for name, batch in cases[r % len(cases):] + cases[:r % len(cases)]:  # each round starts with another
+            out = subprocess.run([sys.executable, __file__, "--child-arm", name, "--child-batch", str(batch),
+                                  "--threads", str(threads)], check=True, capture_output=True, text=True).stdout
+            samples[name, batch] += json.loads(out.strip().splitlines()[-1])[2:]
+    median = {case: float(np.median(t)) for case, t in samples.items()}
+    # at the step's batch: node generates its weights once per pass, for all of its sequences
+    flops = {(name, batch): forward_flops_per_token(nl.build_model(arms[name]), 64, batch) for name, batch in cases}
     peak = float32_matmul_gflops(threads)
     rows = []
-    for name in arms:
-        ratio = median[name] / median["gpt"]
-        rows.append(dict(benchmark="02 cpu training step", case=name, value=1000 * median[name], unit="ms/step",
-                         reference="gpt", reference_value=1000 * median["gpt"], ratio=None if name == "gpt" else ratio,
-                         flops_ratio=flops[name] / flops["gpt"], target=TARGETS.get(name),
-                         met=None if name not in TARGETS else bool(ratio <= TARGETS[name]),
-                         mfu=3 * flops[name] * 12 * 64 / median[name] / (peak * 1e9), matmul_gflops=peak))
+    for name, batch in cases:
+        ratio = median[name, batch] / median["gpt", batch]
+        target = TARGETS.get(name) if batch == 12 else None
+        rows.append(dict(benchmark="02 cpu training step" + ("" if batch == 12 else f", {batch} sequences"),
+                         case=name, value=1000 * median[name, batch], unit="ms/step", reference="gpt",
+                         reference_value=1000 * median["gpt", batch], ratio=None if name == "gpt" else ratio,
+                         flops_ratio=flops[name, batch] / flops["gpt", batch], target=target,
+                         met=None if target is None else bool(ratio <= target),
+                         mfu=3 * flops[name, batch] * batch * 64 / median[name, batch] / (peak * 1e9),
+                         matmul_gflops=peak))
     return rows
 
 
@@ -450,9 +461,10 @@ def main() -> None:
     parser.add_argument("--gpu-archs", nargs="+", help="arms of the gpu part (default: all; gpt always)")
     parser.add_argument("--out", default="results/bench_cpu", help="path stem of the .json and .csv")
     parser.add_argument("--child-arm", help=argparse.SUPPRESS)  # one arm's steps, printed as JSON
+    parser.add_argument("--child-batch", type=int, default=12, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_arm:
-        print(json.dumps(arm_step_seconds(args.child_arm, 12, args.threads)))
+        print(json.dumps(arm_step_seconds(args.child_arm, 12, args.threads, args.child_batch)))
         return
     if "gpu" in (args.only or []) and not torch.cuda.is_available():
         parser.error("--only gpu needs a CUDA GPU (torch.cuda.is_available() is False)")
