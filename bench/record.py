@@ -185,8 +185,8 @@ def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
     """Each arm trains in a fresh process, as every run of the sweep does (its allocator and
     caches start empty, which decides a lot at these sizes); the arms take turns, ``rounds``
     processes each, 12 steps per process of which the first two are dropped; each round starts
-    at the next arm, so no arm is always first after a pause. Then ``AMORTISED``'s arms, the same
-    way, at their larger batch."""
+    at the next arm, so no arm is always first after a pause. ``AMORTISED``'s cases take their
+    turns with the others, at their larger batch."""
     arms = cpu_02_arms()
     cases = [(name, 12) for name in arms] + AMORTISED
     samples = {case: [] for case in cases}
@@ -234,8 +234,8 @@ def bench_seed_config(rounds: int, threads: int) -> list[dict]:
     for name, cfg in ours.items():
         model = nl.build_model(cfg).train()
         ref = refs[name].train()
-        optimizer, ref_optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True), torch.optim.AdamW(
-            ref.parameters(), lr=3e-4)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+        ref_optimizer = torch.optim.AdamW(ref.parameters(), lr=3e-4)
         for suffix, autocast in precisions.items():
             steps[name + suffix] = our_training_step(model, optimizer, autocast=autocast)
             steps["seed " + name + suffix] = functools.partial(seed_step, ref, ref_optimizer, autocast)

@@ -44,8 +44,10 @@ def record_row(record: RunRecord, arm: str | None = None) -> dict:
 
 def forward_batch(record: RunRecord) -> int:
     """Sequences per forward pass of a record's training steps: its batch, split over the ranks
-    of a data-parallel run."""
-    return record.train_config.batch_size // record.environment.get("world_size", 1)
+    of a data-parallel run (as ``nl.train`` splits it)."""
+    from .distributed import check_batch_divides
+
+    return check_batch_divides(record.train_config.batch_size, record.environment.get("world_size", 1))
 
 
 def recount_flops(record: RunRecord) -> bool:
