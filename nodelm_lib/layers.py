@@ -66,8 +66,31 @@ def attend(qkv: torch.Tensor, n_heads: int, slot: dict | None = None, past: int 
             is_causal = False
         elif past:  # query i (position past + i) sees keys 0 .. past + i
             mask, is_causal = torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past), False
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p)
+    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
+        if mask is None and is_causal:
+            mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        y = explicit_attention(q, k, v, mask, dropout_p)
+    else:
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p)
     return y.transpose(1, 2).contiguous().view(B, T, D)
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None,
+                       dropout_p: float = 0.0) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d_h) + M) v`` as matrix products, with M -inf where ``allowed``
+    (bool, broadcast over the scores) is False; what ``attend`` runs on a CPU in bf16 / fp16.
+
+    Why: torch's CPU flash-attention kernel in bf16 (torch 2.13) takes 3-5x the time of these
+    three ops in its forward + backward (``bench/attention.py``), while in float32 it is the
+    faster of the two. The scores are rounded to bf16 before the softmax, which computes in
+    float32 inside and rounds its output, as flash attention rounds its weights before ``@ v``."""
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = scores.softmax(-1)
+    if dropout_p:
+        weights = F.dropout(weights, dropout_p)
+    return weights @ v
 
 
 def _extend_kv(slot: dict, qkv: torch.Tensor, k: torch.Tensor, past: int, capacity: int):
