@@ -28,7 +28,9 @@ What is reproduced, because it decides the speed or the numbers of a step:
 * batches: ``batch_size`` random windows of ``block_size`` tokens, starts from
   ``torch.randint``, each row cut from a uint16 array and converted to int64, stacked.
 
-Left out: the evaluation every ``eval_interval`` iterations, checkpoints, the MFU estimate of
+``NanoGPTTrainer.estimate_loss`` is train.py's evaluation (every ``eval_interval`` iterations,
+``eval_iters`` random batches of each split); ``bench/nanogpt_vs_ours.py --whole-run`` runs it on
+nanoGPT's schedule. Left out: checkpoints, the MFU estimate of
 the log line, wandb, DDP and ``torch.compile`` (the CPU command passes ``--compile=False``),
 and the reopening of the data file as a fresh ``np.memmap`` at every batch (here the split is an
 in-memory array).
@@ -249,3 +251,16 @@ class NanoGPTTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.iter_num += 1
         return loss.item()
+
+    @torch.no_grad()
+    def estimate_loss(self, splits: dict[str, np.ndarray], eval_iters: int) -> dict[str, float]:
+        """train.py's ``estimate_loss``: for each split, the mean loss of ``eval_iters`` random
+        batches in eval mode, then back to training mode."""
+        self.model.eval()
+        out = {}
+        for name, data in splits.items():
+            losses = [self.model(*get_batch(data, self.cfg, self.generator, self.device))[1].item()
+                      for _ in range(eval_iters)]
+            out[name] = float(np.mean(losses))
+        self.model.train()
+        return out

@@ -27,7 +27,12 @@ one thread each):
   after an untimed warm-up, the fastest of ``--rounds`` runs each, in alternating order (the
   ratio of the medians is in the JSON).
 * **baby config**: ``gpt``'s training tokens/s at nanoGPT's CPU baby config (65 characters)
-  against ``bench/nanogpt_reference.py`` (``nanogpt_vs_ours.py``'s turns, in this process).
+  against ``bench/nanogpt_reference.py`` (``nanogpt_vs_ours.py``'s turns, in this process); then
+  the whole runs the target is about (``nanogpt_vs_ours.py --whole-run``: 2000 steps with
+  nanoGPT's evaluations, taking turns per evaluation interval), nanoGPT in float32 as it runs on
+  a CPU, ``gpt`` in float32 and, where the CPU computes bf16 natively, under bf16 autocast, with
+  every model's validation loss on the same fixed windows (the target asks for >= 1.3x the
+  reference's tokens/s at a validation loss <= the reference's).
 * **bounds** beside the CPU training rows: ``MFU``, the share of this CPU's float32 ceiling (the
   best 2048 x 2048 x 2048 product at the part's threads, measured in the same run) that the
   step's arithmetic ran at; for the seed and baby rows ``ratio at peak``, the speed-up over the
@@ -327,6 +332,31 @@ def bench_nanogpt(rounds: int, steps: int = 20) -> list[dict]:
                  product_share=share, ratio_products_only=ref / (share * ours))]
 
 
+def bench_nanogpt_whole_run() -> list[dict]:
+    """Whole runs at nanoGPT's CPU baby config (``nanogpt_vs_ours.py --whole-run``): nanoGPT in
+    float32, as its train.py runs on a CPU, against ``gpt`` in float32 and, where the CPU computes
+    bf16 natively, under bf16 autocast; each run's tokens/s over its steps and evaluations, and
+    the validation loss of each model on the same fixed windows. The target: >= 1.3x the
+    reference's tokens/s at a validation loss <= the reference's."""
+    from nanogpt_vs_ours import BABY, corpus_ids, whole_run_comparison
+
+    keep_freed_memory()
+    splits, _ = corpus_ids(65)
+    cfg = dataclasses.replace(BABY, vocab_size=65, bias=False)
+    runs = whole_run_comparison(cfg, splits)
+    ref = runs.pop("reference")
+    rows = []
+    for dtype, run in runs.items():
+        ratio = run["tokens_per_s"] / ref["tokens_per_s"]
+        rows.append(dict(benchmark="baby config whole run vs nanoGPT", case=f"gpt, {dtype}", value=run["tokens_per_s"],
+                         unit="tokens/s", reference="nanoGPT, float32", reference_value=ref["tokens_per_s"],
+                         ratio=ratio, flops_ratio=None, target=1.3,
+                         met=bool(ratio >= 1.3 and run["val_loss"] <= ref["val_loss"]),
+                         val_loss=run["val_loss"], reference_val_loss=ref["val_loss"], last_val=run["last_val"],
+                         reference_last_val=ref["last_val"], wall_s=run["wall_s"], reference_wall_s=ref["wall_s"]))
+    return rows
+
+
 def gpu_02_arms() -> tuple[nl.TrainConfig, dict[str, nl.ModelConfig]]:
     """Notebook 02's gpu profile (``params/02_seed_comparison/gpu.yaml``), built as the notebook
     builds it: the base run and every arm's model."""
@@ -438,11 +468,13 @@ def write(rows: list[dict], info: dict, out: Path) -> None:
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["benchmark", "case", "threads", "value", "unit", "reference", "reference value", "ratio",
-                    "FLOPs ratio", "MFU", "ratio at peak", "ratio, products only", "target", "met"])
+                    "FLOPs ratio", "MFU", "ratio at peak", "ratio, products only", "val loss / reference's",
+                    "target", "met"])
         for r in rows:
             w.writerow([r["benchmark"], r["case"], r["threads"], fmt(r["value"], 1), r["unit"], fmt(r["reference"], 0),
                         fmt(r["reference_value"], 1), fmt(r["ratio"], 2), fmt(r["flops_ratio"], 2),
                         fmt(r.get("mfu"), 2), fmt(r.get("ratio_at_peak"), 2), fmt(r.get("ratio_products_only"), 2),
+                        "–" if r.get("val_loss") is None else f"{r['val_loss']:.3f} / {r['reference_val_loss']:.3f}",
                         fmt(r["target"], 1), {True: "yes", False: "no", None: "–"}[r["met"]]])
 
 
@@ -486,7 +518,8 @@ def main() -> None:
         write(rows, info, Path(args.out))
 
     parts = {"02": lambda: bench_02_cpu(args.rounds, args.threads), "seed": lambda: bench_seed_config(3 * args.rounds, args.seed_threads),
-             "decode": lambda: bench_decode(args.decode_tokens, args.rounds), "nanogpt": lambda: bench_nanogpt(args.rounds),
+             "decode": lambda: bench_decode(args.decode_tokens, args.rounds),
+             "nanogpt": lambda: bench_nanogpt(args.rounds) + bench_nanogpt_whole_run(),
              "gpu": lambda: bench_02_gpu(args.gpu_steps, args.gpu_modes, args.gpu_archs,
                                          write_row=lambda r: keep(r, "gpu"))}
     for name in args.only or [p for p in parts if p != "gpu"]:

@@ -34,14 +34,16 @@ def test_the_product_share_tells_a_matmul_from_elementwise_work():
 def test_the_csv_has_every_column_and_dashes_for_what_a_row_lacks(tmp_path):
     rows = [dict(benchmark="b", case="gpt", threads=1, value=2.0, unit="ms/step", reference="r", reference_value=3.0,
                  ratio=1.5, flops_ratio=None, target=1.3, met=True, mfu=0.61, ratio_at_peak=1.64,
-                 ratio_products_only=1.46),
+                 ratio_products_only=1.46, val_loss=1.8756, reference_val_loss=1.8899),
              dict(benchmark="b", case="x", threads=1, value=2.0, unit="ms/step", reference="r", reference_value=3.0,
                   ratio=None, flops_ratio=1.0, target=None, met=None)]
     record.write(rows, {"cpu_name": "test"}, tmp_path / "bench")
     table = list(csv.DictReader(open(tmp_path / "bench.csv")))
     assert table[0]["MFU"] == "0.61" and table[0]["ratio at peak"] == "1.64"
     assert table[0]["ratio, products only"] == "1.46" and table[0]["met"] == "yes"
-    assert table[1]["MFU"] == table[1]["ratio at peak"] == table[1]["met"] == "–"
+    assert table[0]["val loss / reference's"] == "1.876 / 1.890"
+    lacking = ("MFU", "ratio at peak", "met", "val loss / reference's")
+    assert {table[1][column] for column in lacking} == {"–"}
 
 
 def test_the_float32_ceiling_is_a_positive_rate_and_leaves_the_thread_count_alone():
@@ -126,3 +128,33 @@ def test_the_operator_count_skips_views_and_allocations_and_counts_each_kernel()
     assert scan.kernel_operators(lambda: x.t().unsqueeze(0).transpose(1, 2).view(-1)) == 0  # views
     assert scan.kernel_operators(lambda: torch.empty(3).new_empty(2)) == 0  # allocations
     assert scan.kernel_operators(lambda: (x * 2).add_(1).sum()) == 3
+
+
+def test_whole_runs_follow_nanogpts_schedule_taking_turns_per_interval():
+    """Each runner takes every step once and is evaluated at 0, every interval and at the end,
+    the two alternating who goes first per interval."""
+    from nanogpt_vs_ours import whole_runs
+
+    calls = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name, self.steps = name, 0
+
+        def step(self):
+            self.steps += 1
+            calls.append((self.name, "step"))
+
+        def estimate_loss(self, splits, eval_iters):
+            calls.append((self.name, "eval"))
+            return {"validation": float(self.steps)}  # the step it was evaluated at
+
+    runners = {"a": Fake("a"), "b": Fake("b")}
+    runs = whole_runs(runners, {}, max_iters=7, eval_interval=3)
+    for name in "ab":
+        assert runners[name].steps == 7
+        assert [it for it, _ in runs[name]["evals"]] == [0, 3, 6, 7]
+        assert [e["validation"] for _, e in runs[name]["evals"]] == [0, 3, 6, 7]
+        assert runs[name]["wall_s"] > 0
+    turns = [name for i, (name, what) in enumerate(calls) if what == "eval"]
+    assert turns == ["a", "b", "b", "a", "a", "b", "b", "a"]
