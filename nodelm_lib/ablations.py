@@ -25,7 +25,8 @@ import torch
 
 from .config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
 from .experiment import _run_all, selected_lrs, sweep_configs
-from .store import DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path
+from .store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, stored_record,
+                    write_evaluations)
 from .train import RunRecord, eval_batches, evaluate, with_tokenizer_vocab
 
 if TYPE_CHECKING:
@@ -103,11 +104,13 @@ def inherited_lrs(arms: Mapping[str, Mapping[str, Any]], selection) -> dict[str,
 
 
 SPLIT_COLUMNS = {"validation": "val_loss", "test": "test_loss"}
+TRANSFER_SPLITS = ("validation", "test")  # what depth_transfer's "evaluated" rows report
 
 
 def depth_curve(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[str] | None = None,
                 checkpoints: str | Path = DEFAULT_CHECKPOINTS, device: str = "cpu",
-                splits: Iterable[str] = ("validation",), max_batches: int | None = None) -> "pd.DataFrame":
+                splits: Iterable[str] = ("validation",), max_batches: int | None = None,
+                store: str | Path | None = None) -> "pd.DataFrame":
     """Loss of a trained continuous-depth run solved with other numbers of steps (and methods)
     than it was trained with, on the run's own fixed evaluation batches of each of ``splits``
     ("validation", "test"); ``max_batches`` keeps only the first batches of each (a cheaper
@@ -115,35 +118,92 @@ def depth_curve(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[
 
     One row per (method, n_steps): the trained method and steps, ``nfe`` (field evaluations
     per forward pass) and ``val_loss`` / ``test_loss``. Needs the run's final model on disk
-    (``run(..., need_checkpoint=True)``).
+    (``run(..., need_checkpoint=True)``), except with ``store`` (the run's store) for the points
+    evaluated before: each point is kept beside the record (``store.write_evaluations``), so a
+    curve is recomputed from stored numbers where the weights are not on disk (a fresh clone).
     """
     import pandas as pd
-
-    from .checkpoints import load_model
 
     splits = list(splits)
     unknown = [s for s in splits if s not in SPLIT_COLUMNS]
     if unknown:
         raise ValueError(f"split(s) {unknown} not valid; choose from {list(SPLIT_COLUMNS)}")
+    methods = list(methods or [record.train_config.model.ode.method])
+    points = [(method, n) for method in methods for n in eval_steps]
+    stored = read_evaluations(record, store) if store is not None else {}
+    missing = [p for p in points if any(depth_key(*p, s, max_batches) not in stored for s in splits)]
+    if missing:
+        stored = {**stored, **_evaluate_depths(record, missing, splits, max_batches, checkpoints, device)}
+        if store is not None:
+            write_evaluations(record, stored, store)
+    trained = record.train_config.model.ode
+    rows = []
+    for method, n in points:
+        values = {s: stored[depth_key(method, n, s, max_batches)] for s in splits}
+        rows.append({"config_hash": record.config_hash, "seed": record.seed, "trained_method": trained.method,
+                     "trained_steps": trained.n_steps, "method": method, "n_steps": n,
+                     "nfe": values[splits[0]]["nfe"], **{SPLIT_COLUMNS[s]: v["loss"] for s, v in values.items()}})
+    return pd.DataFrame(rows)
+
+
+def depth_key(method: str, n_steps: int, split: str, max_batches: int | None) -> str:
+    """The name of one depth-curve point among a run's stored evaluations."""
+    return f"depth_curve {method} {n_steps} {split} " + ("all" if max_batches is None else f"first {max_batches}")
+
+
+def _evaluate_depths(record: RunRecord, points, splits, max_batches, checkpoints, device) -> dict[str, dict]:
+    """``{depth_key: {"loss", "nfe"}}`` of the run's final model at each (method, n_steps) of
+    ``points``, loaded from ``checkpoints``."""
+    from .checkpoints import load_model
+
     path = checkpoint_path(record.config_hash, checkpoints)
     if not path.exists():
-        raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}; "
-                                "train it with run(..., need_checkpoint=True)")
-    tc = record.train_config
+        raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}, and no stored evaluation "
+                                f"of it at {points[0][0]} {points[0][1]} steps; train it with "
+                                "run(..., need_checkpoint=True)")
     model = load_model(path, device=device)
-    trained = model.cfg.ode
+    tc = record.train_config
     batches = {s: eval_batches(tc, s)[:max_batches] for s in splits}  # the batches the run's evaluations used
-    rows = []
-    for method in methods or [trained.method]:
-        for n in eval_steps:
-            model.set_ode(method=method, n_steps=n)
-            losses = {SPLIT_COLUMNS[s]: evaluate(model, b, torch.device(device), contextlib.nullcontext)
-                      for s, b in batches.items()}
-            rows.append({"config_hash": record.config_hash, "seed": record.seed, "trained_method": trained.method,
-                         "trained_steps": trained.n_steps, "method": method, "n_steps": n,
-                         "nfe": model.ode_stats()["nfe"], **losses})
-    model.set_ode(trained)
-    return pd.DataFrame(rows)
+    out = {}
+    for method, n in points:
+        model.set_ode(method=method, n_steps=n)
+        for s, b in batches.items():
+            loss = evaluate(model, b, torch.device(device), contextlib.nullcontext)
+            out[depth_key(method, n, s, max_batches)] = {"loss": loss, "nfe": model.ode_stats()["nfe"]}
+    return out
+
+
+def depth_curves(models: Iterable[tuple[str, RunRecord]], eval_steps: Iterable[int], methods: Iterable[str] | None = None,
+                 splits: Iterable[str] = ("validation",), max_batches: int | None = None, device: str = "cpu",
+                 store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True,
+                 workers: int = 1, progress: bool = False, launcher=None) -> "pd.DataFrame":
+    """``depth_curve`` of every (arm name, record) of ``models``, one table with an ``arm`` column.
+    A run whose curve has points not yet stored and whose final model is not on disk is
+    trained again first (``need_checkpoint``: deterministic, so on the same kind of CPU to the
+    same numbers); the others are read from the stored evaluations or their weights."""
+    import pandas as pd
+
+    models, eval_steps, splits = list(models), list(eval_steps), list(splits)
+    needy = [i for i, (_, record) in enumerate(models)
+             if depth_curve_missing(record, eval_steps, methods, splits, max_batches, store)
+             and not checkpoint_path(record.config_hash, checkpoints).exists()]
+    if needy:
+        retrained = _run_all([models[i][1].train_config for i in needy], store, checkpoints, isolate, True, workers,
+                             progress, [f"{models[i][0]} seed {models[i][1].seed}" for i in needy], launcher)
+        for i, record in zip(needy, retrained):
+            models[i] = (models[i][0], record)
+    return pd.concat([depth_curve(record, eval_steps, methods, checkpoints, device, splits, max_batches, store)
+                      .assign(arm=arm) for arm, record in models], ignore_index=True)
+
+
+def depth_curve_missing(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[str] | None = None,
+                        splits: Iterable[str] = ("validation",), max_batches: int | None = None,
+                        store: str | Path = DEFAULT_STORE) -> bool:
+    """Whether ``depth_curve(record, ..., store=store)`` needs the run's weights: some point
+    has no stored evaluation."""
+    methods = list(methods or [record.train_config.model.ode.method])
+    stored = read_evaluations(record, store)
+    return any(depth_key(m, n, s, max_batches) not in stored for m in methods for n in eval_steps for s in splits)
 
 
 # --------------------------------------------------------------------------- fine-tuning at another depth
@@ -242,8 +302,7 @@ def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], see
     from .records import record_row
 
     parents, jobs = depth_transfer_configs(base, arms, seeds, to_steps, fraction, lr_scale, lr_selection, full_budget)
-    parent_records = _run_all([tc for _, _, tc in parents], store, checkpoints, isolate, True, workers, progress,
-                              labels=[f"{name} seed {seed}" for name, seed, _ in parents])
+    parent_records = train_transfer_parents(parents, jobs, to_steps, store, checkpoints, isolate, workers, progress)
     records = _run_all([tc for *_, tc in jobs], store, checkpoints, isolate, False, workers, progress,
                        labels=[f"{name} seed {seed} {variant} m={m}" for name, seed, _, variant, m, _ in jobs])
     rows, parent_of = [], {}
@@ -251,7 +310,8 @@ def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], see
         n = parent_tc.model.ode.n_steps
         parent_of[name, seed] = {"arm": name, "seed": seed, "trained_steps": n, "parent_hash": parent.config_hash}
         rows.append({**parent_of[name, seed], "to_steps": n, "variant": "trained", **_losses(record_row(parent))})
-        curve = depth_curve(parent, to_steps, checkpoints=checkpoints, device=device, splits=("validation", "test"))
+        curve = depth_curve(parent, to_steps, checkpoints=checkpoints, device=device, splits=TRANSFER_SPLITS,
+                            store=store)
         for _, point in curve.iterrows():
             rows.append({**parent_of[name, seed], "to_steps": int(point["n_steps"]), "variant": "evaluated",
                          "val_loss": point["val_loss"], "test_loss": point["test_loss"],
@@ -259,6 +319,30 @@ def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], see
     for (name, seed, _, variant, m, _), record in zip(jobs, records):
         rows.append({**parent_of[name, seed], "to_steps": m, "variant": variant, **_losses(record_row(record))})
     return pd.DataFrame(rows)
+
+
+def train_transfer_parents(parents: list, jobs: list, to_steps: Iterable[int], store: str | Path = DEFAULT_STORE,
+                           checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, workers: int = 1,
+                           progress: bool = True, launcher=None) -> list[RunRecord]:
+    """Train (or read back) ``depth_transfer``'s parents (``depth_transfer_configs``' lists), with
+    their final models on disk where something still needs the weights: a fine-tuning run of
+    ``jobs`` not yet in the store, or a point of the parent's depth curve at ``to_steps`` not yet
+    evaluated (``depth_curve_missing``). Only those parents are retrained when their checkpoint
+    is gone; with every job and evaluation stored (a fresh clone of the committed results)
+    none is. Records in the order of ``parents``."""
+    configs = [tc for _, _, tc in parents]
+    labels = [f"{name} seed {seed}" for name, seed, _ in parents]
+    records = _run_all(configs, store, checkpoints, isolate, False, workers, progress, labels, launcher)
+    unstored = {(name, seed) for name, seed, _, variant, _, tc in jobs
+                if variant == "finetuned" and stored_record(tc, store) is None}
+    needy = [i for i, ((name, seed, _), record) in enumerate(zip(parents, records))
+             if (name, seed) in unstored or depth_curve_missing(record, to_steps, splits=TRANSFER_SPLITS, store=store)]
+    if needy:
+        retrained = _run_all([configs[i] for i in needy], store, checkpoints, isolate, True, workers, progress,
+                             [labels[i] for i in needy], launcher)
+        for i, record in zip(needy, retrained):
+            records[i] = record
+    return records
 
 
 def _losses(row: dict) -> dict:

@@ -19,12 +19,14 @@ trained by two workers at once; one that finds a run claimed waits for its recor
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 
 from . import claims
 from .config import TrainConfig
 from .distributed import launch_context
+from .files import atomic_write_text
 from .isolated import train_in_subprocess
 from .records import recount_flops
 from .train import CHECKPOINT_NAME, RunRecord, train, with_tokenizer_vocab
@@ -107,6 +109,38 @@ def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpo
     if record.status in ("completed", "failed") and launch_context().is_main:  # rank 0 of a data-parallel run
         record.to_json(record_path(store, config_hash))
     return record
+
+
+def evaluations_path(store: str | Path, config_hash: str) -> Path:
+    """Where evaluations of a run's final model made after its training (``write_evaluations``)
+    are kept: beside the records, one file per run, outside ``load_records``' glob."""
+    return Path(store) / "evaluations" / f"{config_hash}.json"
+
+
+def read_evaluations(record: RunRecord, store: str | Path = DEFAULT_STORE) -> dict[str, dict]:
+    """The stored evaluations of ``record``'s final model, ``{key: values}`` as written by
+    ``write_evaluations``; empty where there are none, or where they belong to another training
+    of the run: one whose final validation loss was not this record's (a run retrained on
+    another CPU ends a little elsewhere, and its weights must be evaluated again)."""
+    path = evaluations_path(store, record.config_hash)
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    if data.get("final_val_loss") != record.final.get("val_loss"):
+        log.warning("%s: evaluations of another training of this run (final val loss %s, the record's %s); "
+                    "ignored", path, data.get("final_val_loss"), record.final.get("val_loss"))
+        return {}
+    return data["evaluations"]
+
+
+def write_evaluations(record: RunRecord, evaluations: dict[str, dict], store: str | Path = DEFAULT_STORE) -> Path:
+    """Keep ``evaluations`` (``{key: values}``, JSON) of ``record``'s final model beside its
+    record, so that a table computed from the weights reads them back where the weights are
+    not on disk (checkpoints are not committed; records and these are). Replaces the file
+    atomically; tagged with the record's final validation loss (``read_evaluations``)."""
+    payload = {"config_hash": record.config_hash, "final_val_loss": record.final.get("val_loss"),
+               "evaluations": dict(sorted(evaluations.items()))}
+    return atomic_write_text(evaluations_path(store, record.config_hash), json.dumps(payload, indent=1) + "\n")
 
 
 def load_records(store: str | Path = DEFAULT_STORE) -> list[RunRecord]:

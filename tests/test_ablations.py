@@ -73,6 +73,51 @@ def test_depth_curve_at_the_trained_steps_reproduces_the_runs_validation_loss(tm
         ablations.depth_curve(record, [2], checkpoints=tmp_path / "ckpt", splits=["train"])
 
 
+def test_a_depth_curve_is_kept_beside_the_record_and_read_back_without_the_weights(tmp_path):
+    """What a fresh clone of committed results has: records and stored evaluations, no checkpoints."""
+    store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    record = nl.run(tiny_ti_mlp(), store=store, checkpoints=ckpt)
+    args = dict(eval_steps=[1, 2], methods=["euler", "rk4"], splits=("validation", "test"), max_batches=1)
+    computed = ablations.depth_curve(record, checkpoints=ckpt, store=store, **args)
+    assert nl.store.evaluations_path(store, record.config_hash).exists()
+    assert [r.config_hash for r in nl.store.load_records(store)] == [record.config_hash]  # not taken for a record
+    assert not ablations.depth_curve_missing(record, [1, 2], ["euler", "rk4"], ("validation", "test"), 1, store)
+    assert ablations.depth_curve_missing(record, [4], ["euler"], ("validation",), 1, store)
+    assert ablations.depth_curve_missing(record, [1], ["euler"], ("validation",), None, store)  # other batches
+    nofile = tmp_path / "nowhere"
+    read_back = ablations.depth_curve(record, checkpoints=nofile, store=store, **args)
+    assert read_back.equals(computed)
+    with pytest.raises(FileNotFoundError, match="need_checkpoint=True"):  # a point never evaluated
+        ablations.depth_curve(record, [4], checkpoints=nofile, store=store, max_batches=1)
+    # evaluations of another training of the run (retrained elsewhere: another final loss) are not used
+    other = nl.RunRecord.from_json(nl.store.record_path(store, record.config_hash))
+    other.final["val_loss"] += 1e-3
+    assert ablations.depth_curve_missing(other, [1], ["euler"], ("validation",), 1, store)
+    with pytest.raises(FileNotFoundError):
+        ablations.depth_curve(other, [1], ["euler"], checkpoints=nofile, store=store, max_batches=1)
+
+
+def test_depth_curves_retrain_only_a_run_that_has_neither_stored_points_nor_weights(tmp_path, monkeypatch):
+    store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    a = nl.run(tiny_ti_mlp(seed=0), store=store, checkpoints=ckpt)
+    b = nl.run(tiny_ti_mlp(seed=1), store=store, checkpoints=ckpt)
+    first = ablations.depth_curves([("a", a)], [1, 2], max_batches=1, store=store, checkpoints=ckpt, isolate=False)
+    assert list(first["arm"]) == ["a", "a"] and list(first["n_steps"]) == [1, 2]
+    checkpoint_path(b.config_hash, ckpt).unlink()
+    checkpoint_path(a.config_hash, ckpt).unlink()
+    trained = []
+    original = nl.store.train_into_store
+    monkeypatch.setattr(nl.store, "train_into_store", lambda tc, *args, **kw: trained.append(tc.config_hash())
+                        or original(tc, *args, **kw))
+    both = ablations.depth_curves([("a", a), ("b", b)], [1, 2], max_batches=1, store=store, checkpoints=ckpt,
+                                  isolate=False)
+    assert trained == [b.config_hash]  # a's points are stored; b had neither points nor weights
+    assert both[both["arm"] == "a"].reset_index(drop=True).equals(first)
+    # b was trained again on the same CPU: the same numbers, so its points are stored under its record
+    assert nl.RunRecord.from_json(nl.store.record_path(store, b.config_hash)).final == b.final
+    assert not ablations.depth_curve_missing(b, [1, 2], max_batches=1, store=store)
+
+
 def test_fine_tuning_at_the_trained_depth_starts_from_the_trained_model_exactly(tmp_path):
     store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
     parent_tc = tiny_ti_mlp()
@@ -152,3 +197,27 @@ def test_full_budget_scratch_runs_only_at_the_listed_depths():
         ablations.transfer_configs(parent, [1, 3], 0.5, 0.1, full_at=[8])
     with pytest.raises(ValueError, match="node"):
         ablations.depth_transfer(parent, {"ti_mlp": {"model": parent.model}}, [0], [1], full_budget={"node": [1]})
+
+
+def test_depth_transfer_reads_a_finished_study_back_without_any_weights(tmp_path, monkeypatch):
+    """Records and stored evaluations are what is committed: with them the study's table comes
+    back exactly, with no checkpoint on disk and nothing trained (once every run was retrained)."""
+    import shutil
+
+    store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    base = tiny_ti_mlp(max_steps=6, eval_interval=3)
+    options = dict(to_steps=[1], fraction=0.5, store=store, isolate=False, progress=False)
+    table = ablations.depth_transfer(base, {"ti_mlp": {"model": base.model}}, [0], checkpoints=ckpt, **options)
+    shutil.rmtree(ckpt)
+
+    def refuse(tc, *args, **kw):
+        raise AssertionError(f"trained {tc.config_hash()} again")
+
+    monkeypatch.setattr(nl.store, "train_into_store", refuse)
+    again = ablations.depth_transfer(base, {"ti_mlp": {"model": base.model}}, [0], checkpoints=ckpt, **options)
+    assert again.equals(table)
+    # a fine-tuning run not yet stored needs its parent's weights: the parent is trained again first
+    finetuned = table[table["variant"] == "finetuned"]["config_hash"].iloc[0]
+    nl.store.record_path(store, finetuned).unlink()
+    with pytest.raises(AssertionError, match=table[table["variant"] == "trained"]["config_hash"].iloc[0]):
+        ablations.depth_transfer(base, {"ti_mlp": {"model": base.model}}, [0], checkpoints=ckpt, **options)
