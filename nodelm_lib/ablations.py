@@ -4,7 +4,8 @@ fine-tuning at another depth.
 - ``ablation_arms``: the arms of each ablation of a ``ti_mlp`` (modulation, integration,
   solver x steps, the ``ti_ssm`` state size), run with ``experiment.sweep``;
 - ``depth_curve``: a trained continuous-depth model solved with other numbers of steps and
-  other solvers than it was trained with;
+  other solvers than it was trained with (each point kept beside the run's record, so that a
+  clone without the weights reads it back: ``store.write_evaluations``);
 - ``depth_transfer``: Tong et al.'s adaptive-depth experiment: a model trained at n steps is
   (a) evaluated at m steps, (b) fine-tuned at m steps for a short budget, and compared with
   (c) models trained from scratch at m steps for the same short budget and for the full one.
@@ -173,8 +174,8 @@ def _evaluate_depths(record: RunRecord, points, splits, max_batches, checkpoints
     return out
 
 
-def depth_curves(models: Iterable[tuple[str, RunRecord]], eval_steps: Iterable[int], methods: Iterable[str] | None = None,
-                 splits: Iterable[str] = ("validation",), max_batches: int | None = None, device: str = "cpu",
+def depth_curves(models: Iterable[tuple[str, RunRecord]], eval_steps: Iterable[int],
+                 methods: Iterable[str] | None = None, splits: Iterable[str] = ("validation",), max_batches: int | None = None, device: str = "cpu",
                  store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True,
                  workers: int = 1, progress: bool = False, launcher=None) -> "pd.DataFrame":
     """``depth_curve`` of every (arm name, record) of ``models``, one table with an ``arm`` column.
