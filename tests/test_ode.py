@@ -370,10 +370,12 @@ def test_adjoints_with_an_adaptive_solver(sensitivity):
 
 @pytest.mark.parametrize("sensitivity", ["reversible", "backsolve"])
 def test_peak_memory_of_flat_memory_methods_does_not_grow_with_steps(sensitivity):
-    """Forward + backward at 64 steps peaks within a few states of 4 steps. A state is 1 MiB, so
-    that allocator noise (typically under 0.3 MiB) stays below the bound; keeping every state would
-    add 60 MiB. Each peak is the median of three runs: an occasional single run here reads MiB off
-    (one CI run measured 3.04 MiB of growth, one rerun -5 MiB; the cause is not known)."""
+    """Forward + backward at 64 steps peaks within a few states of 4 steps. A state is 1 MiB;
+    keeping every state would add 60 MiB (rk4's stages: 240). Each peak is the median of three
+    runs. The bound is 8 states: in the full suite, after earlier tests changed glibc's heap
+    settings, growth of 3.04 and 3.54 MiB was measured (fresh-clone CI runs, 2026-11-24 / 25;
+    alone it is typically under 0.3 MiB): the resident set also sees the heap's small
+    allocations, which this measurement cannot tell from tensors."""
     from nodelm_lib.profiling import peak_memory_mb
 
     torch.manual_seed(0)
@@ -393,4 +395,4 @@ def test_peak_memory_of_flat_memory_methods_does_not_grow_with_steps(sensitivity
     if math.isnan(small):
         pytest.skip("no exact CPU peak memory on this platform")
     state_mb = x0.numel() * 8 / 2**20
-    assert large - small < 3 * state_mb, (small, large)
+    assert large - small < 8 * state_mb, (small, large)
