@@ -175,26 +175,26 @@ def _evaluate_depths(record: RunRecord, points, splits, max_batches, checkpoints
 
 
 def depth_curves(models: Iterable[tuple[str, RunRecord]], eval_steps: Iterable[int],
-                 methods: Iterable[str] | None = None, splits: Iterable[str] = ("validation",), max_batches: int | None = None, device: str = "cpu",
-                 store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True,
-                 workers: int = 1, progress: bool = False, launcher=None) -> "pd.DataFrame":
+                 methods: Iterable[str] | None = None, splits: Iterable[str] = ("validation",),
+                 max_batches: int | None = None, device: str = "cpu", store: str | Path = DEFAULT_STORE,
+                 checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, workers: int = 1,
+                 progress: bool = False, launcher=None) -> "pd.DataFrame":
     """``depth_curve`` of every (arm name, record) of ``models``, one table with an ``arm`` column.
     A run whose curve has points not yet stored and whose final model is not on disk is
     trained again first (``need_checkpoint``: deterministic, so on the same kind of CPU to the
     same numbers); the others are read from the stored evaluations or their weights."""
     import pandas as pd
 
-    models, eval_steps, splits = list(models), list(eval_steps), list(splits)
-    needy = [i for i, (_, record) in enumerate(models)
+    eval_steps, splits = list(eval_steps), list(splits)
+    arms, records = zip(*models)
+    needy = [i for i, record in enumerate(records)
              if depth_curve_missing(record, eval_steps, methods, splits, max_batches, store)
              and not checkpoint_path(record.config_hash, checkpoints).exists()]
-    if needy:
-        retrained = _run_all([models[i][1].train_config for i in needy], store, checkpoints, isolate, True, workers,
-                             progress, [f"{models[i][0]} seed {models[i][1].seed}" for i in needy], launcher)
-        for i, record in zip(needy, retrained):
-            models[i] = (models[i][0], record)
+    records = _with_weights(list(records), needy, [r.train_config for r in records],
+                            [f"{arm} seed {r.seed}" for arm, r in zip(arms, records)], store, checkpoints, isolate,
+                            workers, progress, launcher)
     return pd.concat([depth_curve(record, eval_steps, methods, checkpoints, device, splits, max_batches, store)
-                      .assign(arm=arm) for arm, record in models], ignore_index=True)
+                      .assign(arm=arm) for arm, record in zip(arms, records)], ignore_index=True)
 
 
 def depth_curve_missing(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[str] | None = None,
@@ -338,11 +338,20 @@ def train_transfer_parents(parents: list, jobs: list, to_steps: Iterable[int], s
                 if variant == "finetuned" and stored_record(tc, store) is None}
     needy = [i for i, ((name, seed, _), record) in enumerate(zip(parents, records))
              if (name, seed) in unstored or depth_curve_missing(record, to_steps, splits=TRANSFER_SPLITS, store=store)]
-    if needy:
-        retrained = _run_all([configs[i] for i in needy], store, checkpoints, isolate, True, workers, progress,
-                             [labels[i] for i in needy], launcher)
-        for i, record in zip(needy, retrained):
-            records[i] = record
+    return _with_weights(records, needy, configs, labels, store, checkpoints, isolate, workers, progress, launcher)
+
+
+def _with_weights(records: list[RunRecord], needy: list[int], configs: list[TrainConfig], labels: list[str],
+                  store, checkpoints, isolate, workers, progress, launcher) -> list[RunRecord]:
+    """``records`` with those at the indices ``needy`` run again with ``need_checkpoint``: read
+    back where the final model is on disk, else trained again (which rewrites the record)."""
+    if not needy:
+        return records
+    retrained = _run_all([configs[i] for i in needy], store, checkpoints, isolate, True, workers, progress,
+                         [labels[i] for i in needy], launcher)
+    records = list(records)
+    for i, record in zip(needy, retrained):
+        records[i] = record
     return records
 
 
