@@ -110,7 +110,7 @@ def _chunked_cross_entropy_low_precision(h, weight, targets, chunk: int, with_gr
     return total / n, grad_h, grad_w
 
 
-def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """The dtype narrower than float32 that autocast runs products in on ``device``'s type, or None."""
     kind = device.type
     try:  # torch >= 2.4
@@ -162,7 +162,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     if chunk is None and h.device.type != "cpu":
         return F.cross_entropy(F.linear(h, weight), targets)
     chunk = chunk or max(1, CHUNK_LOGITS // weight.shape[0])
-    low_dtype = _autocast_dtype(h.device)
+    low_dtype = autocast_dtype(h.device)
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _ChunkedLinearCrossEntropy.apply(h, weight, targets, chunk, low_dtype)
     return _head_loss(h, weight, targets, chunk, False, low_dtype)[0]
