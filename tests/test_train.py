@@ -193,3 +193,24 @@ def test_bfloat16_autocast_run_is_finite_and_close_to_float32(monkeypatch):
     bf16 = nl.train(tiny_run(max_steps=3, eval_interval=3, dtype="bfloat16"))
     assert bf16.status == "completed" and math.isfinite(bf16.final["val_loss"])
     assert abs(bf16.metrics[0]["loss"] - fp32.metrics[0]["loss"]) < 0.05  # same init, same batch
+
+
+@pytest.mark.parametrize("scale, clips", [(10.0, True), (1e-3, False)])
+def test_clip_gradients_is_clip_grad_norm_and_skips_a_factor_of_one(monkeypatch, scale, clips):
+    """``clip_gradients`` from per-tensor norms gives ``clip_grad_norm_``'s numbers bit for bit;
+    where the factor is exactly 1 (the norm under the bound) it does not touch the gradients."""
+    from nodelm_lib.train import clip_gradients
+
+    g = torch.Generator().manual_seed(0)
+    grads = [scale * torch.randn(*shape, generator=g) for shape in [(7, 5), (11,), (3, 4, 2)]]
+    params = [torch.nn.Parameter(torch.zeros_like(x)) for x in grads]
+    for p, x in zip(params, grads):
+        p.grad = x.clone()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    multiplied = []
+    real_mul = torch._foreach_mul_
+    monkeypatch.setattr(torch, "_foreach_mul_", lambda *a: multiplied.append(1) or real_mul(*a))
+    clip_gradients(grads, list(torch._foreach_norm(grads)), 1.0)
+    assert bool(multiplied) == clips
+    for p, x in zip(params, grads):
+        assert torch.equal(p.grad, x)
