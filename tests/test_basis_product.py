@@ -72,3 +72,15 @@ def test_hyper_linear_weights_are_unchanged_by_blocking(monkeypatch):
     e = layer.coefficients(codes)
     expected = layer.weight + sum(e[:, k, None, None] * layer.weight_basis[k] for k in range(40))
     torch.testing.assert_close(weight, expected, atol=1e-12, rtol=1e-12)
+
+
+def test_flop_counter_sees_every_block():
+    """``profiling.forward_flops_per_token`` counts a CPU model's products: blocking must not hide
+    any (``addmm_`` is not counted by torch's FLOP counter; ``addmm(out=)`` is)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    e, basis = inputs(torch.float32)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
+            basis_product(e, basis)
+        assert counter.get_total_flops() == 2 * S * E * N
