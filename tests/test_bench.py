@@ -10,6 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import op_times  # noqa: E402
 import record  # noqa: E402
 import scan  # noqa: E402
 from head_loss import padded_cross_entropy  # noqa: E402
@@ -158,3 +159,16 @@ def test_whole_runs_follow_nanogpts_schedule_taking_turns_per_interval():
         assert runs[name]["wall_s"] > 0
     turns = [name for i, (name, what) in enumerate(calls) if what == "eval"]
     assert turns == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_operator_times_counts_every_call_and_times_the_products():
+    """bench/op_times.py: each operator of each timed step is counted once, with its time; a large
+    product takes more of it than an elementwise pass over its output."""
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    plain, timed = op_times.operator_times(lambda x, y: (x @ y).relu_(), (a, b), steps=3, warmup=1, shapes=True)
+    assert plain > 0
+    assert timed.calls == {"aten.mm.default [(256, 256), (256, 256)]": 3, "aten.relu_.default [(256, 256)]": 3}
+    mm, relu = (timed.seconds[k] for k in timed.calls)
+    assert mm > relu > 0
+    with pytest.raises(SystemExit, match="not valid; choose one of"):
+        op_times.training_step("nope")
