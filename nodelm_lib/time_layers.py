@@ -91,6 +91,8 @@ FORWARD_BLOCK, GRADIENT_BLOCK = 16, 8  # basis rows per product (forward: 8-32 a
 
 
 def _blocked_products_apply(e: torch.Tensor, basis: torch.Tensor) -> bool:
+    """Where ``basis_product`` blocks: eager CPU products in one float dtype (bf16 goes through
+    oneDNN, and functorch transforms cannot run the autograd Function)."""
     return (basis.device.type == "cpu" and e.dtype == basis.dtype and basis.dtype in (torch.float32, torch.float64)
             and autocast_dtype(basis.device) is None and not compiling()
             and not torch._C._are_functorch_transforms_active())
