@@ -209,10 +209,11 @@ def _scan_forward(x, delta, A, B_s, C_s, h0, block):
     for lo, hi in _blocks(shape[0], block):
         _decays(delta_tm[lo:hi], A_2, out=a_b[:hi - lo])
         H_b = torch.mul(dx[lo:hi], B_tm[lo:hi], out=H[lo:hi])  # the inputs b_s; states in place
+        states, decays = H_b.unbind(0), a_b.unbind(0)  # one op for all positions' views, not one each
         if previous is not None:
-            H_b[0].addcmul_(a_b[0], previous)
+            states[0].addcmul_(decays[0], previous)
         for s in range(1, hi - lo):
-            H_b[s].addcmul_(a_b[s], H_b[s - 1])
+            states[s].addcmul_(decays[s], states[s - 1])
         torch.matmul(C_tm[lo:hi].transpose(-1, -2), H_b, out=y[lo:hi])  # sum over n
         previous = H_b[-1]
     return y.squeeze(-2).transpose(0, 1), H[-1].transpose(-1, -2), H
@@ -238,8 +239,9 @@ def _scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block, need_
             lam[-1].addcmul_(carry_a, carry)
         elif grad_last is not None:
             lam[-1].add_(grad_last.transpose(-1, -2))
+        lams, decays = lam.unbind(0), a_b.unbind(0)
         for s in range(hi - lo - 2, -1, -1):
-            lam[s].addcmul_(a_b[s + 1], lam[s + 1])
+            lams[s].addcmul_(decays[s + 1], lams[s + 1])
         torch.matmul(H_b, g[lo:hi].transpose(-1, -2), out=grad_C[lo:hi])  # sum over d
         torch.matmul(lam, dx[lo:hi].transpose(-1, -2), out=grad_B[lo:hi])
         torch.matmul(B_tm[lo:hi].transpose(-1, -2), lam, out=lam_B[lo:hi])  # sum over n
