@@ -4,6 +4,7 @@ steps wrapped in ``perf_counter`` by a dispatch mode, summed by operator (and in
     python bench/op_times.py node                 # an arm of 02's cpu profile, 1 thread
     python bench/op_times.py seed-gpt --threads 2 # the seed config (bench/record.py's)
     python bench/op_times.py node --shapes --top 15
+    python bench/op_times.py seed-gpt --threads 2 --bf16  # under bf16 autocast (native-bf16 CPUs)
 
 Why not ``torch.profiler``: on these CPUs it overstated memory-bound products. node's basis
 gradient, a (64 x 4) @ (4 x 65536) product, read 6.6-8.8 ms per call in a profile and 2.7 ms
@@ -16,6 +17,7 @@ it, and the operators' sum is what the step would cost with no Python at all.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections import defaultdict
@@ -55,8 +57,9 @@ class OperatorTimes(TorchDispatchMode):
         return out
 
 
-def training_step(arm: str):
-    """(step, batch) for an arm of 02's cpu profile or ``seed-gpt`` / ``seed-hybrid``."""
+def training_step(arm: str, bf16: bool = False):
+    """(step, batch) for an arm of 02's cpu profile or ``seed-gpt`` / ``seed-hybrid``, under bf16
+    autocast if ``bf16``."""
     torch.manual_seed(0)
     if arm.startswith("seed-"):
         arch = arm.removeprefix("seed-")
@@ -68,11 +71,12 @@ def training_step(arm: str):
             raise SystemExit(f"arm {arm!r} is not valid; choose one of {sorted(arms)} or seed-gpt, seed-hybrid")
         cfg, x = arms[arm], torch.randint(0, 256, (12, 64))
     model = nl.build_model(cfg).train()
-    step = our_training_step(model, torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True))
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    step = our_training_step(model, torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True), autocast=autocast)
     return step, (x, torch.roll(x, -1, 1))
 
 
-def operator_times(step, batch, steps: int = 3, warmup: int = 2, shapes: bool = False) -> tuple[float, OperatorTimes]:
+def operator_times(step, batch, steps: int = 3, warmup: int = 3, shapes: bool = False) -> tuple[float, OperatorTimes]:
     """(median seconds of a plain step, the operators' times summed over ``steps`` timed steps)."""
     for _ in range(warmup):
         step(*batch)
@@ -95,10 +99,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--shapes", action="store_true", help="one line per operator and input shapes")
+    parser.add_argument("--bf16", action="store_true", help="under bf16 autocast (where the CPU computes it natively)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as nl.train does on a CPU
-    step, batch = training_step(args.arm)
+    step, batch = training_step(args.arm, args.bf16)
     plain, timed = operator_times(step, batch, args.steps, shapes=args.shapes)
     per_step = {key: seconds / args.steps for key, seconds in timed.seconds.items()}
     total = sum(per_step.values())
