@@ -200,6 +200,38 @@ def test_under_cpu_bf16_autocast_the_head_products_run_in_bf16_as_autocast_runs_
         assert (got - want).norm() < 1e-2 * want.norm()
 
 
+def test_the_bf16_head_keeps_its_gradient_logits_between_calls_and_computes_the_same():
+    """The low-precision loss's gradient-logit buffer G (206 MB at the GPT-2 vocabulary, mmap'd and
+    page-faulted every step when fresh) is one kept buffer: the same memory on the next call,
+    grown for a larger one, freed by ``release_kept_buffers``, and the numbers are those of a
+    fresh buffer filled with garbage."""
+    from nodelm_lib import losses
+
+    torch.manual_seed(0)
+    h, w, y = torch.randn(50, 16), 0.3 * torch.randn(40, 16), torch.randint(0, 40, (50,))
+
+    def loss_and_grads(rows=50):
+        return losses._chunked_cross_entropy_low_precision(h[:rows], w, y[:rows], 7, True, torch.bfloat16)
+
+    losses.release_kept_buffers()
+    first = loss_and_grads()
+    (kept,) = losses._KEPT_GRADIENT_LOGITS.values()
+    kept.fill_(float("nan"))  # whatever the last call left: every row is written before it is read
+    second = loss_and_grads(30)
+    assert losses._KEPT_GRADIENT_LOGITS[torch.bfloat16, torch.device("cpu")].data_ptr() == kept.data_ptr()
+    again = loss_and_grads()
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    assert all(torch.isfinite(t).all() for t in second)
+    losses.release_kept_buffers()
+    assert not losses._KEPT_GRADIENT_LOGITS
+    loss_and_grads(30)
+    assert losses._KEPT_GRADIENT_LOGITS[torch.bfloat16, torch.device("cpu")].numel() == 30 * 40
+    for a, b in zip(first, loss_and_grads()):  # grown to 50 rows
+        assert torch.equal(a, b)
+    assert losses._KEPT_GRADIENT_LOGITS[torch.bfloat16, torch.device("cpu")].numel() == 50 * 40
+
+
 def test_chunked_loss_backward_hands_its_gradient_over_and_stays_right_when_retained(monkeypatch):
     """loss.backward() gives the head's weight the (V, D) gradient the forward computed (no copy); a retained
     graph backpropagated twice still accumulates twice the true gradient."""
