@@ -79,7 +79,8 @@ LOW_PRECISION_LOGITS = 2**27
 # at the GPT-2 vocabulary and 2048 rows G is 206 MB in bf16, above the largest chunk glibc serves
 # from its heap (32 MB, even with ``profiling.keep_freed_memory``), so a fresh one came from mmap and
 # page-faulted ~50,000 times every step. Kept: bf16 seed-config step (2 threads, AVX-512 EPYC, fresh
-# processes taking turns) gpt 607 -> 520 ms, hybrid 655 -> 568 ms. ``release_kept_buffers`` frees it.
+# processes taking turns) gpt 607 -> 520 ms, hybrid 655 -> 568 ms. ``release_kept_buffers`` frees it
+# (``nl.train`` does when its steps end).
 _KEPT_GRADIENT_LOGITS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 

@@ -48,6 +48,7 @@ from .config import TrainConfig, from_dict, to_dict
 from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch, split_windows
 from .distributed import SINGLE, Context
 from .files import atomic_write, atomic_write_text
+from .losses import release_kept_buffers
 from .checkpoints import read_checkpoint
 from .models import CausalLM, build_model
 from .profiling import cpu_description, forward_flops_per_token, keep_freed_memory, saved_tensor_bytes
@@ -571,6 +572,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
         bar.close()
         if writer is not None:
             writer.close()
+        release_kept_buffers()  # the bf16 head's kept gradient logits serve training steps only
 
     test_batches = eval_batches(tc, "test")
     record.final = {

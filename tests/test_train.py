@@ -214,3 +214,13 @@ def test_clip_gradients_is_clip_grad_norm_and_skips_a_factor_of_one(monkeypatch,
     assert bool(multiplied) == clips
     for p, x in zip(params, grads):
         assert torch.equal(p.grad, x)
+
+
+def test_training_frees_the_head_losss_kept_buffer_when_it_ends(monkeypatch):
+    """The bf16 head loss keeps its gradient logits between steps (206 MB at the GPT-2
+    vocabulary); a finished run hands them back."""
+    from nodelm_lib import losses
+
+    monkeypatch.setitem(losses._KEPT_GRADIENT_LOGITS, (torch.bfloat16, torch.device("cpu")), torch.empty(10))
+    nl.train(tiny_run(max_steps=2, eval_interval=2))
+    assert not losses._KEPT_GRADIENT_LOGITS
