@@ -30,9 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nodelm_lib as nl  # noqa: E402
 from nodelm_lib.profiling import cpu_description, keep_freed_memory  # noqa: E402
-from record import cpu_02_arms, our_training_step  # noqa: E402
+from record import SEED_VOCAB, cpu_02_arms, our_training_step, seed_config_models  # noqa: E402
 
-SEED_CONFIG = dict(vocab_size=50257, d_model=256, n_heads=4, n_layers=6, max_seq_len=128, dropout=0.1)
 PRODUCTS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_dot_product_flash_attention")
 
 
@@ -61,15 +60,11 @@ def training_step(arm: str, bf16: bool = False):
     """(step, batch) for an arm of 02's cpu profile or ``seed-gpt`` / ``seed-hybrid``, under bf16
     autocast if ``bf16``."""
     torch.manual_seed(0)
-    if arm.startswith("seed-"):
-        arch = arm.removeprefix("seed-")
-        extra = dict(ode_start=2, ode_end=4, ode=nl.ODEConfig(method="euler", n_steps=4)) if arch == "hybrid" else {}
-        cfg, x = nl.ModelConfig(arch=arch, **SEED_CONFIG, **extra), torch.randint(0, 50257, (32, 64))
-    else:
-        arms = cpu_02_arms()
-        if arm not in arms:
-            raise SystemExit(f"arm {arm!r} is not valid; choose one of {sorted(arms)} or seed-gpt, seed-hybrid")
-        cfg, x = arms[arm], torch.randint(0, 256, (12, 64))
+    arms = {**cpu_02_arms(), **{f"seed-{name}": cfg for name, cfg in seed_config_models().items()}}
+    if arm not in arms:
+        raise SystemExit(f"arm {arm!r} is not valid; choose one of {sorted(arms)}")
+    cfg = arms[arm]
+    x = torch.randint(0, SEED_VOCAB, (32, 64)) if arm.startswith("seed-") else torch.randint(0, 256, (12, 64))
     model = nl.build_model(cfg).train()
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     step = our_training_step(model, torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True), autocast=autocast)

@@ -218,6 +218,18 @@ def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
     return rows
 
 
+# the seed's configuration (its 002 guide's gpu config): GPT-2 vocabulary, d=256, 6 layers, dropout 0.1
+SEED_VOCAB, SEED_SIZES = 50257, dict(d_model=256, n_heads=4, n_layers=6, max_seq_len=128, dropout=0.1)
+
+
+def seed_config_models() -> dict[str, nl.ModelConfig]:
+    """Our ``gpt`` and ``hybrid`` at the seed config (the hybrid's ODE block over layers 2-4, 4
+    Euler steps), as ``bench/seed_reference.py`` builds the seed's."""
+    return {"gpt": nl.ModelConfig(arch="gpt", vocab_size=SEED_VOCAB, **SEED_SIZES),
+            "hybrid": nl.ModelConfig(arch="hybrid", vocab_size=SEED_VOCAB, ode_start=2, ode_end=4,
+                                     ode=nl.ODEConfig(method="euler", n_steps=4), **SEED_SIZES)}
+
+
 def bench_seed_config(rounds: int, threads: int) -> list[dict]:
     """At the seed's size one run has the machine to itself: ``threads`` (default: every core).
     With nl.train's allocator setting (``keep_freed_memory``), which the reference, in the same
@@ -226,11 +238,9 @@ def bench_seed_config(rounds: int, threads: int) -> list[dict]:
     keep_freed_memory()
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    V, common = 50257, dict(d_model=256, n_heads=4, n_layers=6, max_seq_len=128, dropout=0.1)
     torch.manual_seed(0)
-    ours = {"gpt": nl.ModelConfig(arch="gpt", vocab_size=V, **common),
-            "hybrid": nl.ModelConfig(arch="hybrid", vocab_size=V, ode_start=2, ode_end=4,
-                                     ode=nl.ODEConfig(method="euler", n_steps=4), **common)}
+    ours = seed_config_models()
+    V, common = SEED_VOCAB, SEED_SIZES
     refs = {"gpt": SeedLM(V, **common), "hybrid": SeedLM(V, ode_start=2, ode_end=4, n_steps=4, **common)}
     precisions = {"": contextlib.nullcontext}
     if cpu_has_native_bf16():
