@@ -129,10 +129,9 @@ def depth_curve(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[
     unknown = [s for s in splits if s not in SPLIT_COLUMNS]
     if unknown:
         raise ValueError(f"split(s) {unknown} not valid; choose from {list(SPLIT_COLUMNS)}")
-    methods = list(methods or [record.train_config.model.ode.method])
-    points = [(method, n) for method in methods for n in eval_steps]
+    points = _curve_points(record, eval_steps, methods)
     stored = read_evaluations(record, store) if store is not None else {}
-    missing = [p for p in points if any(depth_key(*p, s, max_batches) not in stored for s in splits)]
+    missing = _unstored(points, splits, max_batches, stored)
     if missing:
         stored = {**stored, **_evaluate_depths(record, missing, splits, max_batches, checkpoints, device)}
         if store is not None:
@@ -202,9 +201,19 @@ def depth_curve_missing(record: RunRecord, eval_steps: Iterable[int], methods: I
                         store: str | Path = DEFAULT_STORE) -> bool:
     """Whether ``depth_curve(record, ..., store=store)`` needs the run's weights: some point
     has no stored evaluation."""
-    methods = list(methods or [record.train_config.model.ode.method])
-    stored = read_evaluations(record, store)
-    return any(depth_key(m, n, s, max_batches) not in stored for m in methods for n in eval_steps for s in splits)
+    points = _curve_points(record, eval_steps, methods)
+    return bool(_unstored(points, list(splits), max_batches, read_evaluations(record, store)))
+
+
+def _curve_points(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[str] | None) -> list[tuple]:
+    """The (method, n_steps) points of a depth curve; ``methods`` defaults to the trained one."""
+    steps = list(eval_steps)  # read once per method
+    return [(m, n) for m in (methods or [record.train_config.model.ode.method]) for n in steps]
+
+
+def _unstored(points: list[tuple], splits: list[str], max_batches: int | None, stored: dict) -> list[tuple]:
+    """The points with some split not among the ``stored`` evaluations."""
+    return [p for p in points if any(depth_key(*p, s, max_batches) not in stored for s in splits)]
 
 
 # --------------------------------------------------------------------------- fine-tuning at another depth
