@@ -38,7 +38,10 @@ one thread each):
   step's arithmetic ran at; for the seed and baby rows ``ratio at peak``, the speed-up over the
   reference of a step running at that ceiling, and ``ratio, products only``, the speed-up if
   every op but the matrix products and attention kernels were free (their share of our step's
-  time, from a profile). A target above the latter cannot be met by removing overhead alone.
+  time, from a profile). A target above the latter cannot be met by removing overhead alone. For
+  ``node``, whose products on activations are gpt's, ``ratio at memory floor``: gpt's step plus the
+  time to move node's extra parameters as often as autograd, the gradient norms and AdamW must, at
+  this CPU's copy bandwidth measured in the same run (``memory_floor_ratio``).
 * **02 gpu step** (``--only gpu``, on CUDA; written to ``--out`` as any other part, e.g.
   ``results/bench_cuda``): one training step of every arm of notebook 02's gpu profile (GPT-2
   vocabulary, d=256, depth 6, batch 32 x 128, bf16 autocast) eager and under ``torch.compile``,
@@ -156,6 +159,46 @@ def product_share(step, steps: int = 3) -> float:
     return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in PRODUCT_KERNELS) / 1e6 / wall
 
 
+def stream_gbps(threads: int, mib: int = 256, repeats: int = 5) -> float:
+    """This CPU's memory bandwidth at ``threads`` threads: GB/s read and written by the best of
+    ``repeats`` copies between two float32 tensors of ``mib`` MiB, far larger than any cache (the
+    best: sharing the machine can only slow a copy down)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    src = torch.ones(mib * 2**18)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: page faults
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        seconds.append(time.perf_counter() - start)
+    torch.set_num_threads(previous)
+    return 2 * src.numel() * src.element_size() / min(seconds) / 1e9
+
+
+# Accesses to every float32 parameter that a training step with autograd, the logged gradient norms
+# and AdamW cannot avoid: read to form the forward's weights and again for the backward's input
+# gradient, the gradient written, read for its norm, and AdamW's reads of the parameter, gradient and
+# both moments and its writes of the parameter and both moments.
+PARAMETER_ACCESSES = 11
+
+# Arms whose products on activations are gpt's, shape for shape (node: the same block applied four
+# times, its weights generated from t): their step is gpt's plus the traffic of their extra parameters.
+SAME_PRODUCTS_AS_GPT = ("node",)
+
+
+def memory_floor_ratio(gpt_seconds: float, gpt_params: int, arm_params: int, gbps: float) -> float:
+    """A lower bound on an arm's step time over gpt's, for an arm in ``SAME_PRODUCTS_AS_GPT``: gpt's
+    step, less the time to move gpt's parameters ``PARAMETER_ACCESSES`` times at ``gbps``, plus the
+    time to move the arm's. It counts no arithmetic for the extra parameters (node's weight generation
+    does ~0.07x gpt's FLOPs at 12 sequences) and no cache reuse (node's 52 MB of hypernetwork
+    parameters exceed any cache here): a target below it cannot be met by any code that keeps
+    autograd, the logged gradient norms and AdamW."""
+    traffic = lambda n: PARAMETER_ACCESSES * 4 * n / (gbps * 1e9)  # noqa: E731
+    return (gpt_seconds - traffic(gpt_params) + traffic(arm_params)) / gpt_seconds
+
+
 def cpu_02_arms() -> dict[str, nl.ModelConfig]:
     base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=128, n_heads=4, n_layers=4, max_seq_len=64,
                           dropout=0.0, ssm_state_size=16, ode=nl.ODEConfig(method="euler", n_steps=4))
@@ -203,7 +246,8 @@ def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
     median = {case: float(np.median(t)) for case, t in samples.items()}
     # at the step's batch: node generates its weights once per pass, for all of its sequences
     flops = {(name, batch): forward_flops_per_token(nl.build_model(arms[name]), 64, batch) for name, batch in cases}
-    peak = float32_matmul_gflops(threads)
+    params = {name: count_params(arms[name])["total"] for name in arms}
+    peak, gbps = float32_matmul_gflops(threads), stream_gbps(threads)
     rows = []
     for name, batch in cases:
         ratio = median[name, batch] / median["gpt", batch]
@@ -214,7 +258,9 @@ def bench_02_cpu(rounds: int, threads: int) -> list[dict]:
                          flops_ratio=flops[name, batch] / flops["gpt", batch], target=target,
                          met=None if target is None else bool(ratio <= target),
                          mfu=3 * flops[name, batch] * batch * 64 / median[name, batch] / (peak * 1e9),
-                         matmul_gflops=peak))
+                         matmul_gflops=peak, stream_gbps=gbps,
+                         ratio_memory_floor=memory_floor_ratio(median["gpt", batch], params["gpt"], params[name], gbps)
+                         if name in SAME_PRODUCTS_AS_GPT else None))
     return rows
 
 
@@ -478,12 +524,14 @@ def write(rows: list[dict], info: dict, out: Path) -> None:
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["benchmark", "case", "threads", "value", "unit", "reference", "reference value", "ratio",
-                    "FLOPs ratio", "MFU", "ratio at peak", "ratio, products only", "val loss / reference's",
+                    "FLOPs ratio", "MFU", "ratio at peak", "ratio, products only", "ratio at memory floor",
+                    "val loss / reference's",
                     "target", "met"])
         for r in rows:
             w.writerow([r["benchmark"], r["case"], r["threads"], fmt(r["value"], 1), r["unit"], fmt(r["reference"], 0),
                         fmt(r["reference_value"], 1), fmt(r["ratio"], 2), fmt(r["flops_ratio"], 2),
                         fmt(r.get("mfu"), 2), fmt(r.get("ratio_at_peak"), 2), fmt(r.get("ratio_products_only"), 2),
+                        fmt(r.get("ratio_memory_floor"), 2),
                         "–" if r.get("val_loss") is None else f"{r['val_loss']:.3f} / {r['reference_val_loss']:.3f}",
                         fmt(r["target"], 1), {True: "yes", False: "no", None: "–"}[r["met"]]])
 
@@ -523,6 +571,7 @@ def main() -> None:
               + ("" if r["ratio"] is None else f" ratio {r['ratio']:.2f} vs {r['reference']}")
               + ("" if r["flops_ratio"] is None else f" (FLOPs {r['flops_ratio']:.2f})")
               + ("" if r.get("mfu") is None else f" MFU {r['mfu']:.3f}")
+              + ("" if r.get("ratio_memory_floor") is None else f" memory floor {r['ratio_memory_floor']:.2f}")
               + ("" if r["met"] is None else f" target {r['target']}: {'met' if r['met'] else 'NOT met'}"),
               flush=True)
         write(rows, info, Path(args.out))

@@ -35,16 +35,31 @@ def test_the_product_share_tells_a_matmul_from_elementwise_work():
 def test_the_csv_has_every_column_and_dashes_for_what_a_row_lacks(tmp_path):
     rows = [dict(benchmark="b", case="gpt", threads=1, value=2.0, unit="ms/step", reference="r", reference_value=3.0,
                  ratio=1.5, flops_ratio=None, target=1.3, met=True, mfu=0.61, ratio_at_peak=1.64,
-                 ratio_products_only=1.46, val_loss=1.8756, reference_val_loss=1.8899),
+                 ratio_products_only=1.46, ratio_memory_floor=1.27, val_loss=1.8756, reference_val_loss=1.8899),
              dict(benchmark="b", case="x", threads=1, value=2.0, unit="ms/step", reference="r", reference_value=3.0,
                   ratio=None, flops_ratio=1.0, target=None, met=None)]
     record.write(rows, {"cpu_name": "test"}, tmp_path / "bench")
     table = list(csv.DictReader(open(tmp_path / "bench.csv")))
     assert table[0]["MFU"] == "0.61" and table[0]["ratio at peak"] == "1.64"
     assert table[0]["ratio, products only"] == "1.46" and table[0]["met"] == "yes"
+    assert table[0]["ratio at memory floor"] == "1.27"
     assert table[0]["val loss / reference's"] == "1.876 / 1.890"
-    lacking = ("MFU", "ratio at peak", "met", "val loss / reference's")
+    lacking = ("MFU", "ratio at peak", "ratio at memory floor", "met", "val loss / reference's")
     assert {table[1][column] for column in lacking} == {"–"}
+
+
+def test_the_memory_floor_adds_the_time_to_move_the_extra_parameters():
+    # 10 GB/s; gpt 1M parameters in a 50 ms step, the arm 13M: 12M more, 11 accesses of 4 bytes each
+    floor = record.memory_floor_ratio(0.05, 1_000_000, 13_000_000, 10.0)
+    assert floor == pytest.approx((0.05 + 12e6 * 44 / 10e9) / 0.05)
+    assert record.memory_floor_ratio(0.05, 1_000_000, 1_000_000, 10.0) == pytest.approx(1.0)  # nothing extra
+    assert record.memory_floor_ratio(0.05, 1_000_000, 13_000_000, 20.0) < floor  # a faster memory, a lower floor
+
+
+def test_the_copy_bandwidth_is_a_positive_rate_and_leaves_the_thread_count_alone():
+    before = torch.get_num_threads()
+    assert record.stream_gbps(1, mib=8, repeats=2) > 0
+    assert torch.get_num_threads() == before
 
 
 def test_the_float32_ceiling_is_a_positive_rate_and_leaves_the_thread_count_alone():
