@@ -56,7 +56,7 @@ def test_the_memory_floor_adds_the_time_to_move_the_extra_parameters():
     assert record.memory_floor_ratio(0.05, 1_000_000, 13_000_000, 20.0) < floor  # a faster memory, a lower floor
 
 
-def test_the_copy_bandwidth_is_a_positive_rate_and_leaves_the_thread_count_alone():
+def test_the_memory_bandwidth_is_a_positive_rate_and_leaves_the_thread_count_alone():
     before = torch.get_num_threads()
     assert record.stream_gbps(1, mib=8, repeats=2) > 0
     assert torch.get_num_threads() == before
