@@ -340,6 +340,18 @@ def selected_lrs(selection) -> dict[str, float]:
     return {str(arm): float(lr) for arm, lr in zip(chosen["arm"], chosen["lr"])}
 
 
+def rates_at_grid_edge(selection) -> dict[str, float]:
+    """arm -> selected rate, for every arm of ``select_lr``'s table whose selected rate is the lowest
+    or the highest it was trained at (with more than one rate): its best may lie outside the grid,
+    which should then be widened on that side. Empty when every choice is inside its grid."""
+    chosen = selected_lrs(selection)
+    edges = {}
+    for arm, rates in selection.groupby("arm", sort=False)["lr"]:
+        if arm in chosen and rates.nunique() > 1 and chosen[arm] in (rates.min(), rates.max()):
+            edges[str(arm)] = chosen[arm]
+    return edges
+
+
 def curves(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int],
            store: str | Path = DEFAULT_STORE, lr_selection=None) -> pd.DataFrame:
     """Validation curves of a finished sweep, long format: arm, seed, step, tokens,

@@ -4,6 +4,7 @@ selection, the control arms, and the derived quantities of its table."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -71,6 +72,15 @@ def test_selected_lrs_refuses_an_ambiguous_table():
         selected_lrs(table)
     with pytest.raises(ValueError, match="lacks column"):
         selected_lrs(table.drop(columns="selected"))
+
+
+def test_rates_at_the_grid_edge_are_named_and_interior_ones_are_not():
+    table = pd.DataFrame({"arm": ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"],
+                          "lr": [1e-3, 2e-3, 4e-3] * 3 + [1e-3],
+                          "selected": [False, False, True, False, True, False, True, False, False, True]})
+    # a: best at the top, c: at the bottom, b: inside, d: one rate only (no grid to widen)
+    assert experiment.rates_at_grid_edge(table) == {"a": 4e-3, "c": 1e-3}
+    assert experiment.rates_at_grid_edge(table[table["arm"] == "b"]) == {}
 
 
 def test_compare_lr_rankings():
@@ -151,3 +161,10 @@ def test_two_workers_store_the_records_one_process_computes(tmp_path):
     assert parallel["val_loss"].tolist() == pytest.approx(serial["val_loss"].tolist(), rel=1e-5)
     with pytest.raises(ValueError, match="workers > 1 needs isolate=True"):
         nl.sweep(tiny(), arms, [0], store=tmp_path / "x", isolate=False, workers=2, progress=False)
+
+
+def test_the_committed_cpu_selection_chose_every_rate_inside_its_grid():
+    # 02's cpu profile: a best rate at an edge of the grid would say the grid is too narrow there
+    selection = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "seed_comparison_cpu_lr_selection.csv")
+    assert experiment.rates_at_grid_edge(selection) == {}
+    assert selection["arm"].nunique() == 8 and selection.groupby("arm")["lr"].nunique().min() >= 3
