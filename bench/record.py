@@ -112,20 +112,29 @@ def round_robin(steps: dict, batch, rounds: int, block: int = 4) -> dict[str, fl
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def float32_matmul_gflops(threads: int, n: int = 2048, repeats: int = 5) -> float:
-    """This CPU's float32 ceiling at ``threads`` threads: GFLOP/s of the best of ``repeats`` n x n x n
-    products (the best, not the median: sharing the machine can only slow a product down)."""
+def best_seconds(fn, threads: int, repeats: int) -> float:
+    """The fastest of ``repeats`` calls of ``fn()`` at ``threads`` threads, after one untimed call
+    (first touch, warm-up), the thread count restored after. The best, not the median: sharing the
+    machine can only slow a call down."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    try:
+        fn()
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            seconds.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return min(seconds)
+
+
+def float32_matmul_gflops(threads: int, n: int = 2048, repeats: int = 5) -> float:
+    """This CPU's float32 ceiling at ``threads`` threads: GFLOP/s of the best of ``repeats`` n x n x n
+    products."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        seconds.append(time.perf_counter() - start)
-    torch.set_num_threads(previous)
-    return 2 * n**3 / min(seconds) / 1e9
+    return 2 * n**3 / best_seconds(lambda: a @ b, threads, repeats) / 1e9
 
 
 def at_peak(step_flops: float, seconds: float, reference_seconds: float, peak_gflops: float) -> dict:
@@ -162,22 +171,12 @@ def product_share(step, steps: int = 3) -> float:
 def stream_gbps(threads: int, mib: int = 256, repeats: int = 5) -> float:
     """This CPU's memory bandwidth at ``threads`` threads: GB/s read and written by the best of
     ``repeats`` in-place additions ``dst += src`` of two float32 tensors of ``mib`` MiB each, far
-    larger than any cache (two reads and one write per element; the best: sharing the machine can
-    only slow it down). In place, as AdamW updates its tensors: a copy into another buffer also
+    larger than any cache (two reads and one write per element). In place, as AdamW updates its tensors: a copy into another buffer also
     reads every destination line before writing it, which a count of two accesses per element
     does not see (on the AVX-512 EPYC, one thread: 36 GB/s for a copy so counted, 53 for this,
     and fused AdamW over 13M parameters ran at 53)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
     src, dst = torch.ones(mib * 2**18), torch.zeros(mib * 2**18)
-    dst.add_(src)  # first touch: page faults
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dst.add_(src)
-        seconds.append(time.perf_counter() - start)
-    torch.set_num_threads(previous)
-    return 3 * src.numel() * src.element_size() / min(seconds) / 1e9
+    return 3 * src.numel() * src.element_size() / best_seconds(lambda: dst.add_(src), threads, repeats) / 1e9
 
 
 # Accesses to every float32 parameter that a training step with autograd, the logged gradient norms
