@@ -28,7 +28,7 @@ from .config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_v
 from .experiment import _run_all, selected_lrs, sweep_configs
 from .store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, stored_record,
                     write_evaluations)
-from .train import RunRecord, eval_batches, evaluate, with_tokenizer_vocab
+from .train import RunRecord, evaluate, final_eval_batches, with_tokenizer_vocab
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -163,7 +163,7 @@ def _evaluate_depths(record: RunRecord, points, splits, max_batches, checkpoints
                                 "run(..., need_checkpoint=True)")
     model = load_model(path, device=device)
     tc = record.train_config
-    batches = {s: eval_batches(tc, s)[:max_batches] for s in splits}  # the batches the run's evaluations used
+    batches = {s: final_eval_batches(tc, s)[:max_batches] for s in splits}  # the batches of the run's final losses
     out = {}
     for method, n in points:
         model.set_ode(method=method, n_steps=n)

@@ -29,8 +29,10 @@ MODULATIONS = ("time", "constant")
 INTEGRATIONS = ("ode", "residual")
 DTYPES = ("float32", "bfloat16")
 # what validation and test losses are computed over: `eval_batches` random windows drawn with
-# `eval_seed`, or the whole split cut into consecutive windows (every token scored once)
-EVAL_ON = ("batches", "whole_split")
+# `eval_seed`, the whole split cut into consecutive windows (every token scored once), or the
+# windows during training and the whole split for the final validation and test losses (a
+# corpus whose validation split is too long to score at every evaluation)
+EVAL_ON = ("batches", "whole_split", "whole_split_at_end")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
@@ -212,7 +214,11 @@ class TrainConfig:
     same for every run seed so that runs can be compared pairwise; with
     ``eval_on="whole_split"`` every validation evaluation and the final test loss score each
     token of the split once instead (consecutive windows of ``seq_len``; ``eval_batches`` is
-    then unused).
+    then unused). ``eval_on="whole_split_at_end"`` evaluates on the fixed batches during
+    training (the validation curve) and scores the whole validation and test splits once, at
+    the end (``final["val_loss"]``, ``final["test_loss"]``): for a corpus such as WikiText-2,
+    whose 1.1M-character validation split would cost more than training if scored at every
+    evaluation.
 
     ``dtype="bfloat16"`` trains under bf16 autocast: on CUDA, and on CPUs that compute bf16
     natively (AMX or AVX512-BF16; elsewhere ``nl.train`` refuses, see

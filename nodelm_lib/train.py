@@ -369,6 +369,15 @@ def eval_batches(tc: TrainConfig, split: str) -> list[tuple[torch.Tensor, torch.
     return fixed_batches(tokens, tc.eval_batches, tc.batch_size, tc.seq_len, tc.eval_seed)
 
 
+def final_eval_batches(tc: TrainConfig, split: str, during_training=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches of the final validation / test loss: the whole split for
+    ``eval_on="whole_split_at_end"``, else those of ``eval_batches`` (``during_training``, the
+    validation batches already drawn, is returned as is when given)."""
+    if tc.eval_on == "whole_split_at_end":
+        return split_windows(split_tokens(tc, split), tc.batch_size, tc.seq_len)
+    return during_training if during_training is not None else eval_batches(tc, split)
+
+
 def activation_bytes(model: CausalLM, x: torch.Tensor, y: torch.Tensor, autocast) -> int:
     """Bytes of the tensors autograd saves for backward in one training forward pass on (x, y):
     the activation memory of a step, which (unlike the process's resident set) belongs to the
@@ -574,12 +583,14 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
             writer.close()
         release_kept_buffers()  # the bf16 head's kept gradient logits serve training steps only
 
-    test_batches = eval_batches(tc, "test")
+    final_val_batches = final_eval_batches(tc, "validation", val_batches)
+    test_batches = final_eval_batches(tc, "test")
     record.final = {
         "train_loss": _final_train_loss(record.metrics),
-        "val_loss": record.evals[-1]["val_loss"],
+        "val_loss": (record.evals[-1]["val_loss"] if final_val_batches is val_batches
+                     else evaluate(model, final_val_batches, device, autocast, ctx)),
         "test_loss": evaluate(model, test_batches, device, autocast, ctx),  # computed once, at the end
-        "val_tokens": batch_tokens(val_batches),
+        "val_tokens": batch_tokens(final_val_batches),
         "test_tokens": batch_tokens(test_batches),
     }
     record.status = "completed"

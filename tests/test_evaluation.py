@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 
 import numpy as np
@@ -66,6 +68,26 @@ def test_whole_split_run_records_its_token_counts():
     rec = nl.train(tc)
     assert rec.final["val_tokens"] == n_val and rec.final["test_tokens"] == n_val  # the splits are equal in size
     assert rec.activation_mb > 0
+
+
+def test_whole_split_at_end_scores_the_curve_on_batches_and_the_final_losses_on_whole_splits():
+    from nodelm_lib.train import evaluate, final_eval_batches
+
+    model = nl.ModelConfig(vocab_size=256, d_model=16, n_heads=2, n_layers=1, max_seq_len=64)
+    tc = nl.TrainConfig(model=model, batch_size=64, seq_len=64, max_steps=2, warmup_steps=1, eval_interval=2,
+                        eval_batches=2, eval_on="whole_split_at_end", progress=False)
+    rec = nl.train(tc)
+    whole = final_eval_batches(tc, "validation")
+    assert rec.final["val_tokens"] == (55770 - 1) // 64 * 64 == rec.final["test_tokens"]
+    # the curve's last point is the 2 fixed batches; the final validation loss is the whole split's
+    batches = eval_batches(tc, "validation")
+    assert len(batches) == 2 and rec.evals[-1]["val_loss"] == pytest.approx(
+        evaluate(rec.model, batches, torch.device("cpu"), contextlib.nullcontext), abs=1e-6)
+    assert rec.final["val_loss"] == pytest.approx(
+        evaluate(rec.model, whole, torch.device("cpu"), contextlib.nullcontext), abs=1e-6)
+    assert rec.final["val_loss"] != rec.evals[-1]["val_loss"]
+    plain = dataclasses.replace(tc, eval_on="batches")
+    assert final_eval_batches(plain, "validation", batches) is batches
 
 
 def test_eval_on_changes_the_hash_only_when_set():
