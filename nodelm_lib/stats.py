@@ -7,7 +7,9 @@ unit of analysis is the per-seed difference ``d_s = metric(arm, s) - metric(ref,
 * :func:`mean_ci` -- mean, sample SD and t-based confidence interval of one arm.
 * :func:`paired_test` -- paired t-test (primary), exact Wilcoxon signed-rank test
   (robustness check) and paired effect sizes.
-* :func:`holm` -- Holm--Bonferroni step-down adjusted p-values.
+* :func:`tost` -- paired two one-sided tests: equivalence within a margin fixed beforehand.
+* :func:`holm` -- Holm--Bonferroni step-down adjusted p-values; :func:`holm_family` re-adjusts
+  the comparisons of several tables as one family (every comparison a notebook reports).
 * :func:`compare_arms` / :func:`summary_table` -- the two tables of a results section,
   built from a long data frame with one row per run.
 
@@ -241,6 +243,47 @@ def paired_test(a, b, confidence: float = 0.95) -> dict:
     }
 
 
+def tost(a, b, margin: float, confidence: float = 0.95) -> dict:
+    """Paired equivalence test (two one-sided t-tests, TOST) of ``a`` and ``b`` within
+    ``+-margin``, a margin fixed before looking at the data.
+
+    With ``d_i = a_i - b_i``, ``se = sd(d) / sqrt(n)`` and ``df = n - 1``::
+
+        p_lower = P(T_df >= (mean(d) + margin) / se)     H0: mean <= -margin
+        p_upper = P(T_df <= (mean(d) - margin) / se)     H0: mean >= +margin
+        p_tost  = max(p_lower, p_upper)
+
+    ``p_tost < alpha`` is the same as the ``1 - 2 alpha`` confidence interval of the mean
+    difference lying inside ``(-margin, margin)`` (returned as ``ci90_low``, ``ci90_high`` for
+    alpha = 0.05: ``confidence`` is the level of that two-sided interval's parent, 1 - alpha).
+    Identical differences (sd 0) are equivalent exactly when ``|mean| < margin``.
+    """
+    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
+        raise ValueError(f"margin={margin!r} is not valid; it must be a finite number > 0 (in the metric's units)")
+    confidence = _check_confidence(confidence)
+    a, b = _as_1d(a, "a"), _as_1d(b, "b")
+    if a.size != b.size:
+        raise ValueError(f"paired samples must have the same length, got {a.size} and {b.size}")
+    if np.isnan(a).any() or np.isnan(b).any():
+        raise ValueError("a or b contains NaN; drop those pairs first")
+    n = int(a.size)
+    if n < 2:
+        raise ValueError(f"tost needs at least 2 pairs, got {n}")
+    d = a - b
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    se = sd / math.sqrt(n)
+    alpha = 1.0 - confidence
+    half = float(_dist.t.ppf(1.0 - alpha, n - 1)) * se
+    if se > 0:
+        p_lower = float(_dist.t.sf((mean + margin) / se, n - 1))
+        p_upper = float(_dist.t.cdf((mean - margin) / se, n - 1))
+    else:
+        p_lower = 0.0 if mean > -margin else 1.0
+        p_upper = 0.0 if mean < margin else 1.0
+    return {"n": n, "mean_diff": mean, "margin": float(margin), "p_lower": p_lower, "p_upper": p_upper,
+            "p_tost": max(p_lower, p_upper), "ci90_low": mean - half, "ci90_high": mean + half}
+
+
 def holm(pvalues) -> np.ndarray:
     """Holm--Bonferroni step-down adjusted p-values, in input order.
 
@@ -301,6 +344,7 @@ def compare_arms(
     allow_missing: bool = False,
     alpha: float = 0.05,
     confidence: float = 0.95,
+    equivalence_margin: float | None = None,
 ) -> pd.DataFrame:
     """Compare every arm of ``df`` with ``reference``, paired by seed.
 
@@ -312,7 +356,10 @@ def compare_arms(
 
     ``verdict`` is ``"better"`` / ``"worse"`` when the Holm-adjusted paired t p is below
     ``alpha`` (direction from ``higher_is_better``: ``False`` for losses), otherwise
-    ``"no significant difference"``.
+    ``"no significant difference"``. With ``equivalence_margin`` (fixed before looking, in the
+    metric's units) a paired TOST (:func:`tost`) adds ``margin``, ``p_tost`` and ``p_tost_holm``,
+    and a difference that is not significant is "equivalent (±margin)" where TOST says so and
+    "not resolved at n seeds" where it does not.
 
     Seeds: a run whose metric is NaN counts as missing. An arm and the reference must
     have the same seeds; a mismatch (either way) is a ValueError naming the seeds,
@@ -340,21 +387,58 @@ def compare_arms(
         common = sorted(set(ref.index) & set(values.index))
         if len(common) < 2:
             raise ValueError(f"arm {name!r} shares {len(common)} seed(s) with {reference!r}; need at least 2")
-        res = paired_test(values.loc[common].to_numpy(), ref.loc[common].to_numpy(), confidence)
+        a, b = values.loc[common].to_numpy(), ref.loc[common].to_numpy()
+        res = paired_test(a, b, confidence)
+        if equivalence_margin is not None:
+            res.update(margin=float(equivalence_margin), p_tost=tost(a, b, equivalence_margin, 1.0 - alpha)["p_tost"])
         rows.append({"arm": name, "reference": reference, **res})
-    out = pd.DataFrame(rows)
+    columns = list(COMPARE_COLUMNS)
+    if equivalence_margin is not None:
+        columns[-1:-1] = ["margin", "p_tost", "p_tost_holm"]
+    return with_verdicts(pd.DataFrame(rows), higher_is_better, alpha)[columns]
+
+
+def with_verdicts(tests: pd.DataFrame, higher_is_better: bool = False, alpha: float = 0.05) -> pd.DataFrame:
+    """``tests`` (``compare_arms``' rows, or several tables' rows concatenated: one family) with
+    ``p_t_holm`` / ``p_wilcoxon_holm`` (and ``p_tost_holm`` where there is a ``p_tost``) adjusted
+    over all of its rows, and ``verdict``: "better" / "worse" where the Holm-adjusted paired t p
+    is below ``alpha``; otherwise, with an equivalence margin, "equivalent (+-margin)" where the
+    Holm-adjusted TOST p is below ``alpha`` and "not resolved at n seeds" where neither test
+    decides; without one, "no significant difference"."""
+    out = tests.copy()
     out["p_t_holm"] = holm(out["p_t"])
     out["p_wilcoxon_holm"] = holm(out["p_wilcoxon"])
+    has_tost = "p_tost" in out.columns
+    if has_tost:
+        out["p_tost_holm"] = holm(out["p_tost"])
     out["verdict"] = [
-        _verdict(diff, p, higher_is_better, alpha) for diff, p in zip(out["mean_diff"], out["p_t_holm"])
+        _verdict(row["mean_diff"], row["p_t_holm"], higher_is_better, alpha,
+                 row["p_tost_holm"] if has_tost else None, row.get("margin"), int(row["n"]))
+        for _, row in out.iterrows()
     ]
-    return out[COMPARE_COLUMNS]
+    return out
 
 
-def _verdict(mean_diff: float, p_holm: float, higher_is_better: bool, alpha: float) -> str:
-    if not p_holm < alpha or mean_diff == 0:  # NaN p compares False
+def holm_family(tables: dict[str, pd.DataFrame], higher_is_better: bool = False, alpha: float = 0.05) -> pd.DataFrame:
+    """Every comparison of several ``compare_arms`` tables as one family (e.g. all that a notebook
+    reports): concatenated with a ``family`` column naming each table, Holm-adjusted over all rows
+    together, verdicts recomputed (``with_verdicts``)."""
+    if not tables:
+        raise ValueError("tables is empty: give {name: compare_arms table}")
+    both = pd.concat([t.assign(family=name) for name, t in tables.items()], ignore_index=True)
+    out = with_verdicts(both, higher_is_better, alpha)
+    return out[["family", *[c for c in out.columns if c != "family"]]]
+
+
+def _verdict(mean_diff: float, p_holm: float, higher_is_better: bool, alpha: float,
+             p_tost_holm: float | None = None, margin: float | None = None, n: int = 0) -> str:
+    if p_holm < alpha and mean_diff != 0:  # NaN p compares False
+        return "better" if (mean_diff > 0) == higher_is_better else "worse"
+    if p_tost_holm is None:
         return "no significant difference"
-    return "better" if (mean_diff > 0) == higher_is_better else "worse"
+    if p_tost_holm < alpha:
+        return f"equivalent (±{margin:g})"
+    return f"not resolved at {n} seeds"
 
 
 def summary_table(

@@ -321,3 +321,72 @@ def test_summary_table_reports_per_metric_n_when_nans_dropped():
     df.loc[(df.arm == "ode") & (df.seed == 0), "val_loss"] = np.nan
     out = st.summary_table(df, ["val_loss"]).set_index("arm")
     assert out.loc["ode", "n"] == 4 and out.loc["ode", "val_loss_n"] == 3
+
+
+# --------------------------------------------------------------------------- equivalence (TOST)
+
+
+def test_tost_matches_a_hand_computed_case():
+    # d = a - b = [0.01, -0.01, 0.02, 0.00, 0.005]: mean 0.005, sd 0.0111803, se 0.005, df 4
+    a = np.array([1.01, 0.99, 1.02, 1.00, 1.005])
+    b = np.ones(5)
+    res = st.tost(a, b, margin=0.02)
+    d = a - b
+    se = d.std(ddof=1) / np.sqrt(5)
+    assert se == pytest.approx(0.005)
+    # by hand: t_lower = (0.005 + 0.02) / 0.005 = 5, t_upper = (0.005 - 0.02) / 0.005 = -3
+    assert res["p_lower"] == pytest.approx(ss.t.sf(5.0, 4))
+    assert res["p_upper"] == pytest.approx(ss.t.cdf(-3.0, 4))
+    # t with 4 df in closed form: F(t) = 1/2 + 3/8 * t / sqrt(1 + t^2/4) * (1 - t^2 / (12 (1 + t^2/4)))
+    # at t = -3: 1/2 - 3/8 * 1.664101 * 0.769231 = 0.019971, below 0.05: equivalent
+    assert res["p_tost"] == pytest.approx(0.019971, abs=2e-6)
+    # the same decision as the 90% interval inside the margin
+    half = ss.t.ppf(0.95, 4) * se
+    assert (res["ci90_low"], res["ci90_high"]) == pytest.approx((0.005 - half, 0.005 + half))
+    assert res["ci90_high"] < 0.02
+    # a margin of 0.01 is not met: 0.005 + half > 0.01
+    assert st.tost(a, b, margin=0.01)["p_tost"] > 0.05
+
+
+def test_tost_rejects_a_bad_margin_and_handles_identical_differences():
+    with pytest.raises(ValueError, match="margin=0 is not valid"):
+        st.tost([1, 2], [1, 2], margin=0)
+    with pytest.raises(ValueError, match="margin=nan is not valid"):
+        st.tost([1, 2], [1, 2], margin=float("nan"))
+    assert st.tost([1.0, 2.0], [1.0, 2.0], margin=0.1)["p_tost"] == 0.0
+    assert st.tost([1.5, 2.5], [1.0, 2.0], margin=0.1)["p_tost"] == 1.0
+
+
+def test_tost_holds_its_size_at_the_margin_on_synthetic_data():
+    # true difference exactly at the margin: TOST should declare equivalence at most ~5% of the time
+    rng = np.random.default_rng(0)
+    hits = [st.tost(0.02 + rng.normal(0, 0.01, 5), np.zeros(5), 0.02)["p_tost"] < 0.05 for _ in range(4000)]
+    assert np.mean(hits) == pytest.approx(0.05, abs=0.012)
+
+
+def test_compare_arms_with_a_margin_says_equivalent_or_not_resolved():
+    seeds = range(5)
+    rows = [{"arm": "ref", "seed": s, "loss": 2.0 + 0.01 * s} for s in seeds]
+    rows += [{"arm": "same", "seed": s, "loss": 2.0 + 0.01 * s + d} for s, d in zip(seeds, [0.001, -0.001, 0.002, 0, 0.001])]
+    rows += [{"arm": "noisy", "seed": s, "loss": 2.0 + 0.01 * s + d} for s, d in zip(seeds, [0.05, -0.04, 0.03, -0.05, 0.02])]
+    rows += [{"arm": "worse", "seed": s, "loss": 2.3 + 0.01 * s + 0.001 * s * s} for s in seeds]
+    out = st.compare_arms(pd.DataFrame(rows), "loss", "ref", equivalence_margin=0.02).set_index("arm")
+    assert out.loc["same", "verdict"] == "equivalent (±0.02)"
+    assert out.loc["noisy", "verdict"] == "not resolved at 5 seeds"
+    assert out.loc["worse", "verdict"] == "worse"
+    assert out["p_tost_holm"].tolist() == pytest.approx(st.holm(out["p_tost"]).tolist())
+    # without a margin the old verdicts and columns
+    plain = st.compare_arms(pd.DataFrame(rows), "loss", "ref")
+    assert "p_tost" not in plain.columns and set(plain["verdict"]) == {"no significant difference", "worse"}
+
+
+def test_holm_family_adjusts_over_every_table_at_once():
+    t1 = pd.DataFrame({"arm": ["a"], "reference": "r", "n": 5, "mean_diff": [0.1], "p_t": [0.03], "p_wilcoxon": [0.06]})
+    t2 = pd.DataFrame({"arm": ["b", "c"], "reference": "r", "n": 5, "mean_diff": [0.1, -0.1], "p_t": [0.01, 0.04],
+                       "p_wilcoxon": [0.06, 0.06]})
+    fam = st.holm_family({"one": t1, "two": t2})
+    assert fam["family"].tolist() == ["one", "two", "two"]
+    assert fam["p_t_holm"].tolist() == pytest.approx([0.06, 0.03, 0.06])
+    # alone, table one's p of 0.03 would be "worse"; in the family of three it is not
+    assert st.with_verdicts(t1)["verdict"].tolist() == ["worse"]
+    assert fam["verdict"].tolist() == ["no significant difference", "worse", "no significant difference"]
