@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -9,9 +10,10 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 
-# Okabe-Ito's colour-blind-safe colours (yellow left out: it vanishes on white), then two
-# darker tones: eight arms get eight colours
-PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#8C564B"]
+# Okabe-Ito's colour-blind-safe colours (yellow left out: it vanishes on white; sky blue left out:
+# beside the blue of the first arm the two read as one), then darker tones: eight arms get eight
+# colours that differ in hue and in lightness
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#882255", "#000000", "#8C564B"]
 
 STYLE = {
     "figure.dpi": 110,
@@ -53,19 +55,46 @@ def smooth(values, window: int) -> np.ndarray:
     return (csum[idx] - csum[lo]) / (idx - lo)
 
 
+def axes_description(fig: plt.Figure) -> list[dict]:
+    """What a reader needs from each axes of ``fig``: its title and axis labels, and whether its
+    x ticks are categories (arm names need no axis label). Colour bars are left out. Saved in
+    the PNG's metadata by ``save_figure``, so a test can check committed figures cheaply."""
+    out = []
+    for ax in fig.axes:
+        if ax.get_label() == "<colorbar>" or not ax.get_visible() or not ax.axison:
+            continue
+        ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        categorical = bool(ticks) and not all(_looks_numeric(t) for t in ticks)
+        out.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+                    "x_categorical": categorical})
+    return out
+
+
+def _looks_numeric(text: str) -> bool:
+    """A tick label that is a number, possibly in mathtext or with an SI prefix ("1.5k", "$10^{3}$")."""
+    bare = re.sub(r"\\mathdefault|[${}^,\s×\u2212+-]", "", text)
+    return bool(re.fullmatch(r"[0-9.]*[0-9][0-9.]*(e[0-9]+)?[kMGTmµ]?", bare))
+
+
 def save_figure(fig: plt.Figure, path_stem: str | Path) -> list[Path]:
-    """Save ``fig`` as ``<stem>.png`` and ``<stem>.pdf``; PDF dates are left out so that
-    a rerun writes the same bytes."""
+    """Save ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` at the project's resolution (``STYLE``'s
+    ``savefig.dpi``, whatever the style in force); PDF dates are left out so that a rerun writes
+    the same bytes. The PNG carries ``axes_description`` as JSON in its "Description" text."""
+    import json
+
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    description = json.dumps(axes_description(fig), ensure_ascii=False)
     with warnings.catch_warnings():
         # matplotlib warns when placing a loc="best" legend took over a second of wall time.
         # The placement it finds does not depend on the time, so on a busy machine the warning
         # says nothing about the figure; it used to fail nbval's output comparison by turns.
         warnings.filterwarnings("ignore", message=_SLOW_LEGEND_WARNING, category=UserWarning)
-        fig.savefig(paths[0], bbox_inches="tight", metadata={"Software": None})
-        fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None, "Producer": None, "Creator": None})
+        dpi = STYLE["savefig.dpi"]
+        fig.savefig(paths[0], bbox_inches="tight", dpi=dpi, metadata={"Software": None, "Description": description})
+        fig.savefig(paths[1], bbox_inches="tight", dpi=dpi,
+                    metadata={"CreationDate": None, "Producer": None, "Creator": None})
     return paths
 
 
@@ -103,15 +132,20 @@ def plot_arm_metric(ax: plt.Axes, runs, metric: str, order=None, label: str | No
 
 
 def plot_efficiency(ax: plt.Axes, runs, x_metric: str, y_metric: str, order=None, x_label: str | None = None,
-                    y_label: str | None = None, references: dict | None = None) -> None:
+                    y_label: str | None = None, references: dict | None = None, log_x: bool = False) -> None:
     """Each arm at (mean ``x_metric``, mean ``y_metric`` ± t-based 95% CI), labelled: e.g.
     parameters against loss, to see whether an arm is better or only smaller. ``references``
-    (label -> value) are drawn as in ``plot_arm_metric``; arm labels keep clear of theirs."""
+    (label -> value) are drawn as in ``plot_arm_metric``; arm labels keep clear of theirs.
+    ``log_x``: a log x axis (arms whose sizes differ 40-fold stay apart)."""
     arms, y_stats = _arm_stats(runs, y_metric, order)
     _, x_stats = _arm_stats(runs, x_metric, order)
     for i, (xs, ys) in enumerate(zip(x_stats, y_stats)):
         half = 0.0 if np.isnan(ys["ci_half"]) else ys["ci_half"]
         ax.errorbar(xs["mean"], ys["mean"], yerr=half, fmt="o", capsize=4, color=arm_color(i))
+    if log_x:
+        ax.set_xscale("log")
+        lo, hi = min(s["mean"] for s in x_stats), max(s["mean"] for s in x_stats)
+        ax.set_xlim(lo / 1.6, hi * 2.5)  # room for the labels right of the points
     ax.xaxis.set_major_formatter(mpl.ticker.EngFormatter())  # 250k, not 250000 (labels overlap)
     ax.set_xlabel(x_label or x_metric)
     ax.set_ylabel(y_label or y_metric)
@@ -471,4 +505,42 @@ def decode_speed_figure(speed, title: str | None = None) -> plt.Figure:
     if title:
         ax.set_title(title)
     ax.legend()
+    return fig
+
+
+# --------------------------------------------------------------------------- corpora side by side
+
+
+def corpora_figure(corpora: dict, reference: str, order, unit: str = "nats/char") -> plt.Figure:
+    """One comparison on several corpora: ``corpora`` maps a corpus (profile) name to its
+    ``(runs, tests)`` (a sweep's ``record_row`` table and its ``compare_arms`` /
+    ``stats.holm_family`` table). Left: each arm's paired test-loss difference to ``reference``
+    (mean and 95% CI), one marker per corpus; right: each arm's test loss in bits per character
+    (mean ± 95% CI), so corpora of different difficulty share an axis only where it means the same."""
+    from .stats import mean_ci
+
+    fig, (diff_ax, loss_ax) = plt.subplots(1, 2, figsize=(12, 3.8))
+    arms = [a for a in order if a != reference]
+    width = 0.6 / max(1, len(corpora) - 1) if len(corpora) > 1 else 0.0
+    for k, (name, (runs, tests)) in enumerate(corpora.items()):
+        shift = (k - (len(corpora) - 1) / 2) * width
+        rows = tests[tests["family"] == f"vs {reference}"] if "family" in tests.columns else tests
+        rows = rows[rows["reference"] == reference].set_index("arm")
+        xs = [i + shift for i, a in enumerate(arms) if a in rows.index]
+        found = [a for a in arms if a in rows.index]
+        mean = rows.loc[found, "mean_diff"].to_numpy(float)
+        err = np.vstack([mean - rows.loc[found, "ci_low"].to_numpy(float), rows.loc[found, "ci_high"].to_numpy(float) - mean])
+        diff_ax.errorbar(xs, mean, yerr=err, fmt="o", capsize=3, color=arm_color(k), label=name)
+        stats = [mean_ci(runs.loc[runs["arm"] == a, "test_loss"].astype(float) / np.log(2)) for a in order]
+        loss_ax.errorbar(np.arange(len(order)) + shift, [s["mean"] for s in stats], yerr=[s["ci_half"] for s in stats],
+                         fmt="o", capsize=3, color=arm_color(k), label=name)
+    diff_ax.axhline(0.0, color="black", linewidth=0.8)
+    diff_ax.set_xticks(range(len(arms)), arms, rotation=30, ha="right")
+    diff_ax.set_ylabel(f"test loss − {reference}'s ({unit})")
+    diff_ax.set_title(f"paired difference to {reference}, mean and 95% CI", fontsize=10)
+    loss_ax.set_xticks(range(len(order)), order, rotation=30, ha="right")
+    loss_ax.set_ylabel("test loss (bits/char)")
+    loss_ax.set_title("test loss, mean ± 95% CI over seeds", fontsize=10)
+    diff_ax.legend(title="corpus (profile)")
+    fig.tight_layout()
     return fig

@@ -34,12 +34,43 @@ def record_row(record: RunRecord, arm: str | None = None) -> dict:
         "val_tokens": final.get("val_tokens", math.nan), "test_tokens": final.get("test_tokens", math.nan),
         "train_time_s": record.train_time_s, "wall_time_s": record.wall_time_s, "steps": steps,
         "train_flops": TRAIN_FLOPS_PER_FORWARD_FLOP * record.flops_per_token * steps * tc.batch_size * tc.seq_len,
+        **record_provenance(record),
     }
     for split in ("val", "test"):
         loss = row[f"{split}_loss"]
         row[f"{split}_ppl"] = math.exp(loss) if math.isfinite(loss) else math.nan
         row[f"{split}_bits_per_token"] = loss / math.log(2)
     return row
+
+
+def record_provenance(record: RunRecord) -> dict:
+    """Which library version and which CPU made a record: ``git_commit`` ("unknown" outside a git
+    checkout) and ``cpu`` (name and torch's capability). Training is bit-for-bit deterministic
+    on one CPU type but not across types, so a table states both."""
+    env = record.environment
+    return {"git_commit": env.get("git_commit", "unknown"),
+            "cpu": f"{env.get('cpu_name', 'unknown CPU')} ({env.get('cpu_capability', '?')})"}
+
+
+def check_provenance(runs: pd.DataFrame, allow_mixed: bool = False) -> str:
+    """One line saying which library version and CPU made the runs of a table (``record_row``'s
+    ``git_commit`` and ``cpu``). Runs of several commits or CPUs raise a ValueError listing each
+    group and its arms, unless ``allow_mixed`` (then the line says MIXED, for the table's caption):
+    a table's rows should differ in nothing but their arm."""
+    missing = [c for c in ("git_commit", "cpu") if c not in runs.columns]
+    if missing:
+        raise ValueError(f"the runs lack column(s) {missing}: build them with record_row")
+    groups = runs.groupby(["git_commit", "cpu"], sort=True)
+    parts = [f"commit {commit} on {cpu}: {len(g)} runs ({', '.join(map(str, dict.fromkeys(g['arm'])))})"
+             for (commit, cpu), g in groups]
+    if len(parts) == 1:
+        (commit, cpu), = groups.groups
+        return f"all {len(runs)} runs by commit {commit} on {cpu}"
+    if not allow_mixed:
+        raise ValueError(f"the runs of this table come from {len(parts)} library versions or CPUs: " + "; ".join(parts) +
+                         ". Retrain the minority at one commit on one kind of CPU, or pass allow_mixed=True and say so "
+                         "with the table")
+    return "MIXED provenance: " + "; ".join(parts)
 
 
 def forward_batch(record: RunRecord) -> int:

@@ -73,6 +73,7 @@ def report_table(
     order: Sequence | None = None,
     higher_is_better: bool = False,
     confidence: float = 0.95,
+    tests: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The table a paper shows: per arm, ``mean ± CI half width`` of each metric, then the
     paired comparison of ``test_metric`` with ``reference`` (difference ± CI, Holm-adjusted
@@ -80,10 +81,14 @@ def report_table(
 
     ``columns`` maps a metric of ``runs`` to (its label, decimals). Cells are strings; the
     numbers behind them are :func:`summary_table` and :func:`compare_arms` of the same runs.
+    ``tests`` replaces that ``compare_arms`` with comparisons made elsewhere (its rows against
+    ``reference`` are used), e.g. Holm-adjusted over a larger family (``stats.holm_family``) or
+    with an equivalence margin; where they carry a TOST p the table adds the ``verdict`` column.
     """
     summary = summary_table(runs, list(columns), order=order, confidence=confidence)
-    tests = compare_arms(runs, test_metric, reference, higher_is_better=higher_is_better,
-                         confidence=confidence).set_index("arm")
+    if tests is None:
+        tests = compare_arms(runs, test_metric, reference, higher_is_better=higher_is_better, confidence=confidence)
+    tests = tests[tests["reference"] == reference].set_index("arm")
     out = pd.DataFrame({"arm": summary["arm"], "seeds": summary["n"]})
     for metric, (label, digits) in columns.items():
         out[label] = [_mean_ci_text(m, h, digits)
@@ -100,7 +105,38 @@ def report_table(
     out["p (paired t, Holm)"] = column(lambda r: f"{r['p_t_holm']:.3g}")
     out["p (Wilcoxon, Holm)"] = column(lambda r: f"{r['p_wilcoxon_holm']:.3g}")
     out["d_z"] = column(lambda r: f"{r['d_z']:+.2f}")
+    if "p_tost" in tests.columns:
+        out["p (TOST, Holm)"] = column(lambda r: f"{r['p_tost_holm']:.3g}")
+        out["verdict"] = column(lambda r: r["verdict"])
     return out
+
+
+def claims_table(runs: pd.DataFrame, published: dict, order: Sequence, confidence: float = 0.95) -> pd.DataFrame:
+    """A published table beside our runs of the same arms: ``published`` holds ``source``,
+    ``setup`` (what differs), ``metric`` (our column compared, e.g. "val_loss") and ``rows``
+    (arm -> the published cell as printed, e.g. "2.147 ± 0.124"). One row per published arm, in
+    ``order``: the claim, its rank among the published arms, our mean ± CI and our rank. The
+    published numbers are claims to test, not results: they are quoted, never computed here."""
+    missing = [k for k in ("source", "setup", "metric", "rows") if k not in published]
+    if missing:
+        raise ValueError(f"published lacks {missing}; give source, setup, metric and rows (arm -> value as printed)")
+    metric, rows = published["metric"], published["rows"]
+    unknown = [a for a in rows if a not in set(runs["arm"])]
+    if unknown:
+        raise ValueError(f"published arm(s) {unknown} have no runs; the runs' arms are {sorted(set(runs['arm']))}")
+    arms = [a for a in order if a in rows]
+    ours = summary_table(runs, [metric], order=arms, confidence=confidence).set_index("arm")
+    claimed = {a: float(str(rows[a]).split()[0]) for a in arms}
+    claim_rank = pd.Series(claimed).rank(method="min").astype(int)
+    our_rank = ours[f"{metric}_mean"].rank(method="min").astype(int)
+    return pd.DataFrame({
+        "arm": arms,
+        f"published {metric.replace('_', ' ')}": [str(rows[a]) for a in arms],
+        "published rank": [int(claim_rank[a]) for a in arms],
+        f"ours {metric.replace('_', ' ')}": [_mean_ci_text(ours.loc[a, f"{metric}_mean"], ours.loc[a, f"{metric}_ci"], 3)
+                                             for a in arms],
+        "our rank": [int(our_rank[a]) for a in arms],
+    })
 
 
 def append_reference_rows(table: pd.DataFrame, references: pd.DataFrame, values: dict[str, str],

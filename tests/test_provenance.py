@@ -1,0 +1,42 @@
+"""One provenance per table: every row of a results table from one library version on one kind of CPU."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import nodelm_lib as nl
+from nodelm_lib.records import check_provenance, record_row
+
+
+def row(arm: str, seed: int, commit: str, capability: str = "AVX2") -> dict:
+    config = nl.config.to_dict(nl.TrainConfig())
+    record = nl.RunRecord(config=config, config_hash=f"{arm}{seed}", seed=seed, status="completed",
+                          final={"val_loss": 2.0, "test_loss": 2.1},
+                          environment={"git_commit": commit, "cpu_name": "AMD EPYC", "cpu_capability": capability})
+    return record_row(record, arm=arm)
+
+
+def test_record_rows_carry_their_commit_and_cpu():
+    r = row("gpt", 0, "abc1234", "AVX512")
+    assert r["git_commit"] == "abc1234" and r["cpu"] == "AMD EPYC (AVX512)"
+    bare = record_row(nl.RunRecord(config=nl.config.to_dict(nl.TrainConfig()), config_hash="x", seed=0))
+    assert bare["git_commit"] == "unknown" and bare["cpu"] == "unknown CPU (?)"
+
+
+def test_a_table_of_one_commit_and_cpu_says_so():
+    runs = pd.DataFrame([row(a, s, "abc1234") for a in ("gpt", "node") for s in range(3)])
+    assert check_provenance(runs) == "all 6 runs by commit abc1234 on AMD EPYC (AVX2)"
+
+
+def test_a_table_mixing_commits_or_cpus_is_refused_or_flagged():
+    runs = pd.DataFrame([row("gpt", s, "abc1234") for s in range(3)] + [row("hybrid", s, "def5678") for s in range(3)])
+    with pytest.raises(ValueError, match=r"come from 2 library versions or CPUs: commit abc1234 on AMD EPYC \(AVX2\): "
+                                         r"3 runs \(gpt\); commit def5678 on AMD EPYC \(AVX2\): 3 runs \(hybrid\)"):
+        check_provenance(runs)
+    assert check_provenance(runs, allow_mixed=True).startswith("MIXED provenance: commit abc1234")
+    same_commit_other_cpu = pd.DataFrame([row("gpt", 0, "abc1234"), row("gpt", 1, "abc1234", "AVX512")])
+    with pytest.raises(ValueError, match="2 library versions or CPUs"):
+        check_provenance(same_commit_other_cpu)
+    with pytest.raises(ValueError, match=r"lack column\(s\) \['git_commit', 'cpu'\]"):
+        check_provenance(runs.drop(columns=["git_commit", "cpu"]))
