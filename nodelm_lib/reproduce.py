@@ -8,7 +8,8 @@ The Makefile keeps the recipe for one notebook (papermill with ``params/<nb>/<pr
     results/reproduce_<profile>.csv    the same as a table (``make tables`` renders it in README)
 
 so that a reproduce stopped halfway keeps the times it measured, and a total quoted anywhere comes
-from a record. The CPU probe (``profiling.cpu_availability``) runs before and after: on a shared
+from a record. A notebook with variants of the profile (``params/<nb>/<profile>_<name>.yaml``, e.g.
+02's ``cpu_wikitext2``: a second corpus) runs once per variant too, each a step of its own. The CPU probe (``profiling.cpu_availability``) runs before and after: on a shared
 VM the same profile takes very different wall times, and the reading says what kind of day it was.
 Notebooks 02 and 03 read runs already in ``results/runs/<profile>/`` back instead of training
 them; ``new_stored_runs`` counts the records a step added there, so a total with 0 of them timed
@@ -90,11 +91,20 @@ def _git_commit(root: Path) -> str | None:
     return f"{commit}-dirty" if changed else commit
 
 
-def make_notebook(make: str, profile: str, root: Path) -> Callable[[str], int]:
-    """The default way to run one notebook: ``make --no-print-directory <nb> PROFILE=<profile>``."""
-    def run(notebook: str) -> int:
-        return subprocess.run([make, "--no-print-directory", notebook, f"PROFILE={profile}"], cwd=root).returncode
+def make_notebook(make: str, profile: str, root: Path) -> Callable[..., int]:
+    """The default way to run one notebook: ``make --no-print-directory <nb> PROFILE=<profile>``
+    (``run(nb, variant)`` runs it with another profile: a variant, see ``variants``)."""
+    def run(notebook: str, variant: str | None = None) -> int:
+        return subprocess.run([make, "--no-print-directory", notebook, f"PROFILE={variant or profile}"],
+                              cwd=root).returncode
     return run
+
+
+def variants(notebook: str, profile: str, root: Path) -> list[str]:
+    """The other profiles a reproduce of ``profile`` runs for ``notebook``: every
+    ``params/<notebook>/<profile>_<name>.yaml`` (e.g. ``cpu_wikitext2``: 02 on a second corpus at
+    the cpu profile's scale), in name order."""
+    return sorted(p.stem for p in (root / "params" / notebook).glob(f"{profile}_*.yaml"))
 
 
 def machine() -> dict:
@@ -148,19 +158,24 @@ def reproduce(notebooks: list[str], profile: str, root: str | Path = ".",
     record.steps.append(_timed("cpu probe before", cpu_probe))
     log(f">> before: {record.steps[-1].status}")
     save()
-    for nb in notebooks:
+    steps = [step for nb in notebooks for step in [(nb, None)] + [(nb, v) for v in variants(nb, profile, root)]]
+    for nb, variant in steps:
+        name = nb if variant is None else f"{nb} [{variant}]"
+        store = runs_dir if variant is None else root / "results" / "runs" / variant
+        run = (lambda: run_notebook(nb)) if variant is None else (lambda: run_notebook(nb, variant))
         try:
-            step = _timed(nb, lambda: "done" if run_notebook(nb) == 0 else "failed", lambda: _stored_runs(runs_dir))
+            step = _timed(name, lambda: "done" if run() == 0 else "failed", lambda: _stored_runs(store))
         except KeyboardInterrupt:
-            record.status = f"interrupted at {nb}"
+            record.status = f"interrupted at {name}"
             record.total_s = time.perf_counter() - t0
             save()
             raise
         record.steps.append(step)
-        log(f">> {nb} [{profile}]: {step.status} in {step.seconds:.0f} s ({step.new_stored_runs} new stored runs)")
+        log(f">> {nb} [{variant or profile}]: {step.status} in {step.seconds:.0f} s "
+            f"({step.new_stored_runs} new stored runs)")
         save()
         if step.status != "done":
-            record.status = f"failed at {nb}"
+            record.status = f"failed at {name}"
             break
     record.steps.append(_timed("cpu probe after", cpu_probe))
     log(f">> after: {record.steps[-1].status}")

@@ -124,3 +124,24 @@ def test_the_commit_is_dirty_for_code_changes_not_for_cleared_outputs(tmp_path):
     assert _git_commit(tmp_path) == clean
     (tmp_path / "code.py").write_text("x = 2\n")
     assert _git_commit(tmp_path) == f"{clean}-dirty"
+
+
+def test_variants_of_the_profile_run_as_steps_of_their_own(tmp_path):
+    for name in ("cpu", "cpu_wikitext2", "cpu_b", "gpu_wikitext2"):
+        (tmp_path / "params" / "02_b").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "params" / "02_b" / f"{name}.yaml").write_text("profile: x\n")
+    calls = []
+
+    def run(nb, variant=None):
+        calls.append((nb, variant))
+        if variant == "cpu_wikitext2":  # a variant stores in its own profile's folder
+            runs = tmp_path / "results" / "runs" / variant
+            runs.mkdir(parents=True, exist_ok=True)
+            (runs / "r.json").write_text("{}")
+        return 0
+
+    record = reproduce(["01_a", "02_b"], "cpu", tmp_path, run_notebook=run, cpu_probe=lambda: "probe", log=lambda m: None)
+    assert calls == [("01_a", None), ("02_b", None), ("02_b", "cpu_b"), ("02_b", "cpu_wikitext2")]
+    names = [s.name for s in record.steps]
+    assert names[1:-1] == ["01_a", "02_b", "02_b [cpu_b]", "02_b [cpu_wikitext2]"]
+    assert [s.new_stored_runs for s in record.steps[1:-1]] == [0, 0, 0, 1]
