@@ -224,9 +224,15 @@ VARIANTS = {
     "trained": "the model trained at n steps, evaluated at n",
     "evaluated": "(a) the model trained at n steps, evaluated at m without training",
     "finetuned": "(b) the model trained at n steps, fine-tuned at m steps for the short budget",
+    "continued": "(d) the control: the model trained at n steps, trained on at n for the same short budget "
+                 "(the extra training without the change of depth; the same run at every m)",
     "scratch_short": "(c) trained from scratch at m steps for the short budget",
     "scratch_full": "(c) trained from scratch at m steps for the full budget",
 }
+# the same, as a figure's legend says it
+VARIANT_LABELS = {"trained": "trained at n (n steps)", "evaluated": "evaluated at m, no training",
+                  "finetuned": "fine-tuned at m (short budget)", "continued": "control: trained on at n (short budget)",
+                  "scratch_short": "from scratch at m (short budget)", "scratch_full": "from scratch at m (full budget)"}
 
 
 def short_budget(tc: TrainConfig, fraction: float) -> TrainConfig:
@@ -253,7 +259,8 @@ def finetune_config(parent: TrainConfig, n_steps: int, fraction: float, lr_scale
 def transfer_configs(parent: TrainConfig, to_steps: Iterable[int], fraction: float, lr_scale: float,
                      full_at: Iterable[int] | None = None) -> list[tuple[str, int, TrainConfig]]:
     """(variant, m, config) of every run ``depth_transfer`` trains for one parent run:
-    ``finetuned`` and ``scratch_short`` at each m of ``to_steps``, ``scratch_full`` at each m of
+    ``finetuned``, ``continued`` (the control: fine-tuning at the parent's own depth, one run listed
+    under every m) and ``scratch_short`` at each m of ``to_steps``, ``scratch_full`` at each m of
     ``full_at`` (default: every m; the full budget is the expensive one, so a time-bound profile
     may train it at some depths only). Scratch runs keep the parent's seed and learning rate;
     every run keeps its seed, so each variant is paired with its parent (and with the other
@@ -264,9 +271,11 @@ def transfer_configs(parent: TrainConfig, to_steps: Iterable[int], fraction: flo
         raise ValueError(f"full-budget depths {sorted(full_at - set(to_steps))} are not among "
                          f"the transfer depths {to_steps}")
     configs = []
+    continued = finetune_config(parent, parent.model.ode.n_steps, fraction, lr_scale)  # one run, every m's control
     for m in to_steps:
         scratch = with_values(parent, {"model": at_depth(parent.model, m)})
         configs += [("finetuned", m, finetune_config(parent, m, fraction, lr_scale)),
+                    ("continued", m, continued),
                     ("scratch_short", m, short_budget(scratch, fraction))]
         if m in full_at:
             configs.append(("scratch_full", m, scratch))
@@ -336,15 +345,15 @@ def train_transfer_parents(parents: list, jobs: list, to_steps: Iterable[int], s
                            progress: bool = True, launcher=None) -> list[RunRecord]:
     """Train (or read back) ``depth_transfer``'s parents (``depth_transfer_configs``' lists), with
     their final models on disk where something still needs the weights: a fine-tuning run of
-    ``jobs`` not yet in the store, or a point of the parent's depth curve at ``to_steps`` not yet
+    ``jobs`` (fine-tuned or continued) not yet in the store, or a point of the parent's depth curve at ``to_steps`` not yet
     evaluated (``depth_curve_missing``). Only those parents are retrained when their checkpoint
     is gone; with every job and evaluation stored (a fresh clone of the committed results)
     none is. Records in the order of ``parents``."""
     configs = [tc for _, _, tc in parents]
     labels = [f"{name} seed {seed}" for name, seed, _ in parents]
     records = _run_all(configs, store, checkpoints, isolate, False, workers, progress, labels, launcher)
-    unstored = {(name, seed) for name, seed, _, variant, _, tc in jobs
-                if variant == "finetuned" and stored_record(tc, store) is None}
+    unstored = {(name, seed) for name, seed, _, variant, _, tc in jobs  # runs that start from the parent's weights
+                if tc.init_from is not None and stored_record(tc, store) is None}
     needy = [i for i, ((name, seed, _), record) in enumerate(zip(parents, records))
              if (name, seed) in unstored or depth_curve_missing(record, to_steps, splits=TRANSFER_SPLITS, store=store)]
     return _with_weights(records, needy, configs, labels, store, checkpoints, isolate, workers, progress, launcher)
@@ -396,3 +405,18 @@ def transfer_summary(table: "pd.DataFrame", metric: str = "test_loss", confidenc
     out["_arm"] = out["arm"].map({a: i for i, a in enumerate(table["arm"].drop_duplicates())})
     out["_v"] = out["variant"].map(order)
     return out.sort_values(["_arm", "to_steps", "_v"], kind="stable").drop(columns=["_arm", "_v"]).reset_index(drop=True)
+
+
+def transfer_tests(summary: "pd.DataFrame") -> "pd.DataFrame":
+    """``transfer_summary``'s paired comparisons (fine-tuned at m minus each other variant) as rows
+    of ``stats.compare_arms``' shape (arm "<arch> fine-tuned m=<m>", reference the variant), so that
+    ``stats.holm_family`` can adjust them together with a notebook's other comparisons. The
+    Wilcoxon p is not computed for them (NaN: Holm leaves it out)."""
+    import pandas as pd
+
+    rows = summary[summary["finetuned_minus"].notna()] if "finetuned_minus" in summary.columns else summary.iloc[:0]
+    return pd.DataFrame({"arm": [f"{a} fine-tuned m={m}" for a, m in zip(rows["arm"], rows["to_steps"])],
+                         "reference": rows["variant"].to_numpy(), "n": rows["n"].to_numpy(),
+                         "mean_diff": rows["finetuned_minus"].to_numpy(), "ci_low": rows["diff_ci_low"].to_numpy(),
+                         "ci_high": rows["diff_ci_high"].to_numpy(), "p_t": rows["p_t"].to_numpy(),
+                         "p_wilcoxon": float("nan")})

@@ -56,18 +56,26 @@ def smooth(values, window: int) -> np.ndarray:
 
 
 def axes_description(fig: plt.Figure) -> list[dict]:
-    """What a reader needs from each axes of ``fig``: its title and axis labels, and whether its
-    x ticks are categories (arm names need no axis label). Colour bars are left out. Saved in
+    """What a reader needs from each axes of ``fig``: its title and axis labels, whether its ticks
+    are categories (arm names need no axis label), and whether it shares its y axis with a panel
+    that labels it. Colour bars are left out. Saved in
     the PNG's metadata by ``save_figure``, so a test can check committed figures cheaply."""
     out = []
     for ax in fig.axes:
         if ax.get_label() == "<colorbar>" or not ax.get_visible() or not ax.axison:
             continue
-        ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
-        categorical = bool(ticks) and not all(_looks_numeric(t) for t in ticks)
+        shared = [other for other in ax.get_shared_y_axes().get_siblings(ax) if other is not ax]
         out.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
-                    "x_categorical": categorical})
+                    "x_categorical": _categorical(ax.get_xticklabels()),
+                    "y_categorical": _categorical(ax.get_yticklabels()),
+                    "y_label_shared": any(other.get_ylabel() for other in shared)})
     return out
+
+
+def _categorical(ticklabels) -> bool:
+    """Tick labels that name things (arms, comparisons) rather than numbers: such an axis needs no label."""
+    texts = [t.get_text() for t in ticklabels if t.get_text()]
+    return bool(texts) and not all(_looks_numeric(t) for t in texts)
 
 
 def _looks_numeric(text: str) -> bool:
@@ -358,7 +366,7 @@ def _errorbar_by(ax: plt.Axes, x, stats, **kwargs):
     return ax.errorbar(x, means, yerr=halves, marker="o", capsize=3, **kwargs)
 
 
-def steps_solver_figure(runs, solvers, title: str | None = None) -> plt.Figure:
+def steps_solver_figure(runs, solvers, title: str | None = None, unit: str = "nats/token") -> plt.Figure:
     """The ``steps_solver`` ablation over depth, a line per solver, every point the mean ± 95%
     CI over seeds: test loss against solver steps, test loss against field evaluations per
     forward pass (NFE: steps x stages, the cost axis), and milliseconds per training step
@@ -380,8 +388,8 @@ def steps_solver_figure(runs, solvers, title: str | None = None) -> plt.Figure:
     steps_ax.set_xlabel("solver steps (depth)")
     for ax in (nfe_ax, time_ax):
         ax.set_xlabel("field evaluations per forward (NFE)")
-    steps_ax.set_ylabel("test loss (nats/token)")
-    nfe_ax.set_ylabel("test loss (nats/token)")
+    steps_ax.set_ylabel(f"test loss ({unit})")
+    nfe_ax.set_ylabel(f"test loss ({unit})")
     time_ax.set_ylabel("ms per training step")
     for ax in (steps_ax, nfe_ax, time_ax):
         ax.set_xscale("log", base=2)
@@ -392,7 +400,7 @@ def steps_solver_figure(runs, solvers, title: str | None = None) -> plt.Figure:
     return fig
 
 
-def ablation_differences_figure(tests: dict, title: str | None = None) -> plt.Figure:
+def ablation_differences_figure(tests: dict, title: str | None = None, unit: str = "nats/token") -> plt.Figure:
     """The two- and three-arm ablations in one panel: for every arm, its test loss minus its
     ablation's reference, paired by seed (``tests``: ablation -> ``stats.compare_arms`` table),
     as the mean difference with its 95% t-interval; left of zero the arm is better. Each row
@@ -410,7 +418,7 @@ def ablation_differences_figure(tests: dict, title: str | None = None) -> plt.Fi
                     fmt="o", capsize=4, color=arm_color(names.index(name)))
     ax.axvline(0.0, color="black", linewidth=0.8)
     ax.set_yticks(y, labels, fontsize=8)
-    ax.set_xlabel("Δ test loss vs the reference (nats/token)\npaired mean difference and its 95% CI (t)")
+    ax.set_xlabel(f"Δ test loss vs the reference ({unit})\npaired mean difference and its 95% CI (t)")
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
@@ -424,15 +432,20 @@ def depth_curve_means(depth):
     return depth.groupby(keys, sort=False)["val_loss"].mean().reset_index()
 
 
-def depth_curve_figure(depth, solvers, arms) -> plt.Figure:
+def depth_curve_figure(depth, solvers, arms, unit: str = "nats/token", focus: float = 0.5) -> plt.Figure:
     """The adaptive-depth curve: one panel per evaluation solver, validation loss (mean ± 95% CI
     over seeds) against field evaluations per forward pass (log2 axis), a line per trained arm
     (in the order of ``arms``), and a ring where the arm's own solver and steps are (from the
     rows' ``trained_method`` / ``trained_steps``). A flat curve past the trained steps means
-    the model learned a flow."""
+    the model learned a flow. The y axis shows ``focus`` nats above the lowest mean, where the
+    arms differ; a point above that (a model solved with far too few steps) is drawn as an arrow
+    at the top edge, labelled with its value."""
     from .stats import mean_ci
 
-    fig, axes = plt.subplots(1, len(solvers), figsize=(4.8 * len(solvers), 3.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(solvers), figsize=(4.8 * len(solvers), 3.8), sharey=True, squeeze=False)
+    means = depth.groupby(["arm", "method", "n_steps"])["val_loss"].mean()
+    bottom = float(means.min())
+    top = bottom + focus
     for ax, method in zip(axes[0], solvers):
         for i, arm in enumerate(arms):
             rows = depth[(depth["arm"] == arm) & (depth["method"] == method)]
@@ -440,6 +453,11 @@ def depth_curve_figure(depth, solvers, arms) -> plt.Figure:
             stats = [mean_ci(rows.loc[rows["n_steps"] == n, "val_loss"].astype(float)) for n in points]
             nfe = [int(rows.loc[rows["n_steps"] == n, "nfe"].iloc[0]) for n in points]
             _errorbar_by(ax, nfe, stats, color=arm_color(i), label=f"trained {arm}", markersize=4)
+            for x, st in zip(nfe, stats):
+                if st["mean"] > top:  # off the scale: an arrow at the edge, with the value
+                    ax.annotate(f"{st['mean']:.1f}", (x, top), xytext=(0, -14), textcoords="offset points",
+                                ha="center", fontsize=6, color=arm_color(i),
+                                arrowprops={"arrowstyle": "->", "color": arm_color(i)})
             trained = rows[(rows["trained_method"] == method) & (rows["n_steps"] == rows["trained_steps"])]
             if len(trained):
                 ax.plot(int(trained["nfe"].iloc[0]), float(trained["val_loss"].mean()), marker="o", markersize=11,
@@ -447,44 +465,61 @@ def depth_curve_figure(depth, solvers, arms) -> plt.Figure:
         ax.set_xscale("log", base=2)
         ax.set_xlabel(f"NFE per forward ({method} at evaluation)")
         ax.set_title(f"evaluated with {method}")
-    axes[0][0].set_ylabel(f"validation loss\n({INTERVAL})")
-    axes[0][-1].legend(fontsize=7, title="ring: the solver and steps it was trained with", title_fontsize=7)
-    fig.tight_layout()
+    axes[0][0].set_ylim(bottom - 0.05 * focus, top)
+    axes[0][0].set_ylabel(f"validation loss ({unit})\n{INTERVAL}")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7, frameon=False,
+               title="ring: the solver and steps each was trained with; arrows: above the axis", title_fontsize=7)
+    fig.tight_layout(rect=(0, 0.08 + 0.04 * ((len(labels) - 1) // 4), 1, 1))
     return fig
 
 
-def depth_transfer_figure(summary, title: str | None = None) -> plt.Figure:
+def depth_transfer_figure(summary, title: str | None = None, unit: str = "nats/token") -> plt.Figure:
     """Fine-tuning at another depth (``ablations.transfer_summary``'s table): a panel per
-    trained arch, test loss (mean ± 95% CI over seeds) against the target depth m (log2 axis)
-    for each variant (evaluated at m, fine-tuned at m, trained from scratch at m for the short
-    and the full budget), and the trained model at its own depth as a star."""
-    from .ablations import VARIANTS
+    trained arch on one y scale, test loss (mean ± 95% CI over seeds) against the target depth m
+    (log2 axis) for each variant (``ablations.VARIANT_LABELS``), and the trained model at its own
+    depth as a star. A variant a profile did not train at some m (the full budget, to fit its
+    time) is named in the panel instead of leaving a silent gap."""
+    from .ablations import VARIANT_LABELS
 
     archs = list(dict.fromkeys(summary["arm"]))
-    fig, axes = plt.subplots(1, len(archs), figsize=(5.2 * len(archs), 3.8), squeeze=False)
-    variants = [v for v in VARIANTS if v != "trained"]
+    fig, axes = plt.subplots(1, len(archs), figsize=(5.2 * len(archs), 4.0), squeeze=False, sharey=True)
+    variants = [v for v in VARIANT_LABELS if v != "trained"]
     for ax, arch in zip(axes[0], archs):
         rows = summary[summary["arm"] == arch]
+        steps = sorted(set(rows.loc[rows["variant"] != "trained", "to_steps"]))
+        missing = []
         for i, variant in enumerate(variants):
             part = rows[rows["variant"] == variant]
+            if part.empty:
+                continue
+            missing += [f"{VARIANT_LABELS[variant]} at m={m}" for m in steps if m not in set(part["to_steps"])]
             shift = 2 ** (0.06 * (i - (len(variants) - 1) / 2))  # side by side on the log axis
             ax.errorbar(part["to_steps"] * shift, part["mean"],
                         yerr=[part["mean"] - part["ci_low"], part["ci_high"] - part["mean"]],
-                        marker="o", capsize=3, linestyle="none", color=arm_color(i), label=variant)
+                        marker="o", capsize=3, linestyle="none", color=arm_color(i), label=VARIANT_LABELS[variant])
         trained = rows[rows["variant"] == "trained"]
         ax.errorbar(trained["to_steps"], trained["mean"],
                     yerr=[trained["mean"] - trained["ci_low"], trained["ci_high"] - trained["mean"]],
-                    marker="*", markersize=12, capsize=3, linestyle="none", color="black", label="trained (at n)")
+                    marker="*", markersize=12, capsize=3, linestyle="none", color="black",
+                    label=VARIANT_LABELS["trained"])
         ax.set_xscale("log", base=2)
-        steps = sorted(set(rows["to_steps"]))
-        ax.set_xticks(steps, [str(s) for s in steps])
+        ticks = sorted(set(rows["to_steps"]))
+        ax.set_xticks(ticks, [str(s) for s in ticks])
         ax.set_xlabel("solver steps m")
         ax.set_title(arch)
-    axes[0][0].set_ylabel(f"test loss (nats/token)\n{INTERVAL}")
-    axes[0][-1].legend(fontsize=7)
+        if missing:
+            ax.text(0.02, 0.02, "not trained (time budget): " + "; ".join(missing), transform=ax.transAxes,
+                    fontsize=6, color="dimgrey", va="bottom")
+    axes[0][0].set_ylabel(f"test loss ({unit})\n{INTERVAL}")
+    handles, labels = {}, {}
+    for ax in axes[0]:  # one legend for every panel: the union of what they draw
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=7, frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
 
 
@@ -495,16 +530,18 @@ def decode_speed_figure(speed, title: str | None = None) -> plt.Figure:
     """Decoding speed per arch with and without the KV cache: paired bars of tokens per second
     on a log axis (``speed``: one row per arch, columns arch, uncached_tokens_per_s and
     cached_tokens_per_s, as notebook 06 measures them)."""
-    fig, ax = plt.subplots(figsize=(5, 3))
+    use_style()
+    fig, ax = plt.subplots(figsize=(6, 3.4))
     x = np.arange(len(speed))
     ax.bar(x - 0.2, speed["uncached_tokens_per_s"], width=0.4, label="recompute the window")
     ax.bar(x + 0.2, speed["cached_tokens_per_s"], width=0.4, label="KV cache")
     ax.set_xticks(x, speed["arch"])
-    ax.set_ylabel("tokens / s")
+    ax.set_ylabel("decoded tokens / s (log scale)")
     ax.set_yscale("log")
     if title:
-        ax.set_title(title)
-    ax.legend()
+        ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # beside the bars, never over them
+    fig.tight_layout()
     return fig
 
 

@@ -161,8 +161,9 @@ def test_depth_transfer_pairs_every_variant_with_its_parent_by_seed(tmp_path):
     parents = {seed: tc.config_hash() for _, seed, tc in arm_configs(with_tokenizer_vocab(base),
                                                                      arms, [0, 1])}
     assert set(map(tuple, table[["variant", "to_steps"]].drop_duplicates().to_numpy())) == {
-        ("trained", 2), *((v, m) for v in ("evaluated", "finetuned", "scratch_short", "scratch_full") for m in (1, 3))}
-    assert len(table) == 2 * (1 + 4 * 2)
+        ("trained", 2),
+        *((v, m) for v in ("evaluated", "finetuned", "continued", "scratch_short", "scratch_full") for m in (1, 3))}
+    assert len(table) == 2 * (1 + 5 * 2)
     for _, row in table.iterrows():
         assert row["parent_hash"] == parents[row["seed"]]
         assert row["trained_steps"] == 2
@@ -174,12 +175,25 @@ def test_depth_transfer_pairs_every_variant_with_its_parent_by_seed(tmp_path):
             evaluated = table[(table["variant"] == "evaluated") & (table["seed"] == row["seed"])
                               & (table["to_steps"] == row["to_steps"])]
             assert record.evals[0]["val_loss"] == pytest.approx(float(evaluated["val_loss"].iloc[0]), abs=1e-6)
+        if row["variant"] == "continued":  # the control: the parent trained on at its own depth, one run for every m
+            assert record.train_config.init_from == parents[row["seed"]]
+            assert record.train_config.model == with_tokenizer_vocab(base).model
+            assert record.train_config.max_steps == round(base.max_steps * 0.5)
+            same = table[(table["variant"] == "continued") & (table["seed"] == row["seed"])]["config_hash"]
+            assert same.nunique() == 1
         if row["variant"] == "scratch_full":  # the same run as a steps_solver arm at that depth
             assert record.train_config.init_from is None and record.train_config.max_steps == base.max_steps
             assert record.train_config.model == ablations.at_depth(base.model, row["to_steps"])
     summary = ablations.transfer_summary(table)
-    assert list(summary["to_steps"]) == [1] * 4 + [2] + [3] * 4  # m ascending, the parent at its own n
-    assert list(summary["variant"][:4]) == ["evaluated", "finetuned", "scratch_short", "scratch_full"]
+    assert list(summary["to_steps"]) == [1] * 5 + [2] + [3] * 5  # m ascending, the parent at its own n
+    assert list(summary["variant"][:5]) == ["evaluated", "finetuned", "continued", "scratch_short", "scratch_full"]
+    control = summary[(summary["to_steps"] == 3) & (summary["variant"] == "continued")].iloc[0]
+    pairs3 = table[table["to_steps"] == 3].pivot(index="seed", columns="variant", values="test_loss")
+    assert control["finetuned_minus"] == pytest.approx((pairs3["finetuned"] - pairs3["continued"]).mean())
+    tests = ablations.transfer_tests(summary)
+    assert len(tests) == 2 * 4 and set(tests["reference"]) == {"evaluated", "continued", "scratch_short", "scratch_full"}
+    assert tests.loc[(tests["arm"] == "ti_mlp fine-tuned m=3") & (tests["reference"] == "continued"),
+                     "mean_diff"].iloc[0] == pytest.approx(control["finetuned_minus"])
     row = summary[(summary["to_steps"] == 1) & (summary["variant"] == "scratch_short")].iloc[0]
     pairs = table[table["to_steps"] == 1].pivot(index="seed", columns="variant", values="test_loss")
     assert row["finetuned_minus"] == pytest.approx((pairs["finetuned"] - pairs["scratch_short"]).mean())
@@ -188,11 +202,11 @@ def test_depth_transfer_pairs_every_variant_with_its_parent_by_seed(tmp_path):
 def test_full_budget_scratch_runs_only_at_the_listed_depths():
     parent = tiny_ti_mlp()
     every = [(v, m) for v, m, _ in ablations.transfer_configs(parent, [1, 3], 0.5, 0.1)]
-    assert every == [("finetuned", 1), ("scratch_short", 1), ("scratch_full", 1),
-                     ("finetuned", 3), ("scratch_short", 3), ("scratch_full", 3)]
+    assert every == [("finetuned", 1), ("continued", 1), ("scratch_short", 1), ("scratch_full", 1),
+                     ("finetuned", 3), ("continued", 3), ("scratch_short", 3), ("scratch_full", 3)]
     some = [(v, m) for v, m, _ in ablations.transfer_configs(parent, [1, 3], 0.5, 0.1, full_at=[1])]
-    assert some == [("finetuned", 1), ("scratch_short", 1), ("scratch_full", 1),
-                    ("finetuned", 3), ("scratch_short", 3)]
+    assert some == [("finetuned", 1), ("continued", 1), ("scratch_short", 1), ("scratch_full", 1),
+                    ("finetuned", 3), ("continued", 3), ("scratch_short", 3)]
     with pytest.raises(ValueError, match=r"\[8\].*\[1, 3\]"):
         ablations.transfer_configs(parent, [1, 3], 0.5, 0.1, full_at=[8])
     with pytest.raises(ValueError, match="node"):

@@ -45,9 +45,18 @@ def test_save_figure_writes_the_project_resolution_and_describes_the_axes(tmp_pa
     assert image.info["dpi"] == pytest.approx((STYLE["savefig.dpi"],) * 2, abs=0.01)
     described = json.loads(image.info["Description"])
     assert described == [
-        {"title": "", "xlabel": "", "ylabel": "test loss (nats/char)", "x_categorical": True},
-        {"title": "", "xlabel": "step", "ylabel": "", "x_categorical": False},
+        {"title": "", "xlabel": "", "ylabel": "test loss (nats/char)", "x_categorical": True, "y_categorical": False,
+         "y_label_shared": False},
+        {"title": "", "xlabel": "step", "ylabel": "", "x_categorical": False, "y_categorical": False,
+         "y_label_shared": False},
     ]  # the colour bar is left out
+    plt.close(fig)
+    fig, (a, b) = plt.subplots(1, 2, sharey=True)
+    a.set_ylabel("loss (nats/char)")
+    b.barh([0, 1], [1, 2])
+    b.set_yticks([0, 1], ["gpt − node", "ti_mlp − gpt"])
+    # the panel beside shows no tick labels of its own (sharey): its y axis is the labelled one
+    assert [(d["y_label_shared"], d["y_categorical"]) for d in axes_description(fig)] == [(False, True), (True, False)]
     plt.close(fig)
 
 
@@ -112,7 +121,8 @@ def test_each_committed_figure_has_the_resolution_and_labelled_axes(png):
         pytest.skip(f"{png.name} was drawn before save_figure described its axes; its notebook's next run adds them")
     assert dpi == pytest.approx((STYLE["savefig.dpi"],) * 2, abs=0.01)
     for ax in axes:
-        assert ax["ylabel"], f"{png.name}: an axes without a y label ({ax})"
+        assert ax["ylabel"] or ax.get("y_categorical") or ax.get("y_label_shared"), \
+            f"{png.name}: an axes without a y label ({ax})"
         assert ax["xlabel"] or ax["x_categorical"], f"{png.name}: an axes without an x label ({ax})"
         for label in (ax["xlabel"], ax["ylabel"]):
             if "loss" in label:

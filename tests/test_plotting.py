@@ -348,8 +348,12 @@ def test_depth_curve_figure_has_a_panel_per_solver_and_a_line_per_trained_arm():
     rings = [[(line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines if line.get_markersize() == 11]
              for ax in fig.axes]
     assert rings == [[(2, pytest_approx(2.205))], [(8, pytest_approx(2.905))]]
-    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["trained euler 2", "trained rk4 2"]
-    assert fig.axes[0].get_ylabel() == "validation loss\n(mean ± 95% CI over seeds (t))"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["trained euler 2", "trained rk4 2"]
+    assert fig.axes[0].get_ylabel() == "validation loss (nats/token)\nmean ± 95% CI over seeds (t)"
+    # the y axis shows 0.5 nats above the lowest mean; the rk4-evaluated points above it are arrows at the edge
+    assert fig.axes[0].get_ylim()[1] == pytest_approx(2.105 + 0.5)
+    arrows = {a.get_text() for a in fig.axes[1].texts}
+    assert {"2.7", "2.8", "2.9", "3.1"} <= arrows and not {a.get_text() for a in fig.axes[0].texts} - {"2.6"}
     plt.close(fig)
 
 
@@ -370,8 +374,11 @@ def test_depth_transfer_figure_has_a_panel_per_arch_and_a_star_at_the_trained_de
     assert len(node.containers) == 5
     star = node.containers[-1].lines[0]
     assert star.get_marker() == "*" and list(star.get_xdata()) == [4] and list(star.get_ydata()) == [1.8]
-    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == [
-        "evaluated", "finetuned", "scratch_short", "scratch_full", "trained (at n)"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "evaluated at m, no training", "fine-tuned at m (short budget)", "from scratch at m (short budget)",
+        "from scratch at m (full budget)", "trained at n (n steps)"]
+    assert fig.axes[0].get_shared_y_axes().joined(fig.axes[0], fig.axes[1])
+    assert fig.axes[0].get_ylabel().startswith("test loss (nats/token)")
     plt.close(fig)
 
 

@@ -118,9 +118,10 @@ def plot_gradient_flow(records: dict[str, RunRecord], window: int = 10) -> plt.F
         axes[1].plot(steps, smooth([r["grad_norm"] for r in rec.metrics], window), label=name)
         if ODE_GROUP in rec.metrics[0]:
             axes[2].plot(steps, smooth([r[ODE_GROUP] for r in rec.metrics], window), color=line.get_color(), label=name)
-    axes[0].set(title="Loss", xlabel="step", ylabel="cross-entropy (nats)")
-    axes[1].set(title="Total gradient norm (before clipping)", xlabel="step", yscale="log")
-    axes[2].set(title="ODE-block gradient norm", xlabel="step", yscale="log")
+    axes[0].set(title="Loss", xlabel="step", ylabel="cross-entropy loss (nats/token)")
+    axes[1].set(title="Total gradient norm (before clipping)", xlabel="step", ylabel="‖∇θ L‖₂ (log scale)", yscale="log")
+    axes[2].set(title="ODE-block gradient norm", xlabel="step", ylabel="‖∇ L‖₂ of the ODE block (log scale)",
+                yscale="log")
     for ax in axes:
         ax.legend(fontsize=8)
     fig.tight_layout()

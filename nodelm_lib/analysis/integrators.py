@@ -221,6 +221,9 @@ def plot_gradient_error(costs: pd.DataFrame) -> plt.Figure:
             g = g.sort_values("n_steps")
             ax.loglog(g.n_steps, g.grad_rel_error.clip(lower=1e-17), marker="o", ms=3, label=sens)
         ax.set(title=f"{name}: gradient vs direct (floored at 1e-17)", xlabel="steps", ylabel="relative error")
+        steps = sorted(df.n_steps.unique())
+        ax.xaxis.set_minor_locator(NullLocator())  # log-axis minor labels collided with the step counts
+        ax.set_xticks(steps, labels=[str(n) for n in steps])
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

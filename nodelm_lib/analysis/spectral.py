@@ -540,7 +540,9 @@ def jacobian_spectra(model, idx: torch.Tensor, mode: str = "blocks", n_krylov: i
 # --------------------------------------------------------------------------- figures
 
 
-KIND_TITLES = {"qk": "QK: W_K^h W_Q^h^T", "ov": "OV: W_V^h W_O[:, h]", "ff": "FF: W_2 W_1 (linear part)"}
+# mathtext, so that a title reads as the matrices it names (head h's blocks; see the module docstring)
+KIND_TITLES = {"qk": r"QK: $W_K^{h}\,(W_Q^{h})^{\top}$", "ov": r"OV: $W_V^{h}\,W_O^{[:,h]}$",
+               "ff": r"FF: $W_2 W_1$ (linear part)"}
 
 
 def plot_depth(summary: pd.DataFrame, value: str = "mean_abs", ylabel: str = "mean |λ|") -> plt.Figure:
@@ -595,11 +597,16 @@ def plot_jacobian(spectra: dict[str, JacobianSpectra]) -> plt.Figure:
             ax.plot(s.times, values, marker="o", ms=3, label=name)
     titles = ("spectral radius ρ(∂f/∂x)", "largest Re λ(∂f/∂x)", "spectral norm ‖∂f/∂x‖₂",
               "RMS of the state x(t)")
-    for ax, title in zip(axes, titles):
-        ax.set(title=title, xlabel="depth t")
+    ylabels = ("ρ (log scale)", "max Re λ (symmetric log: negative values kept)", "‖∂f/∂x‖₂ (log scale)",
+               "RMS (log scale)")
+    for ax, title, ylabel in zip(axes, titles, ylabels):
+        ax.set(title=title, xlabel="depth t", ylabel=ylabel)
+        ax.title.set_fontsize(9)
         ax.legend(fontsize=7)
-    for ax in (axes[0], axes[2], axes[3]):
+    for ax in (axes[0], axes[2], axes[3]):  # positive by definition
         ax.set_yscale("log")
+    # a real part can be negative (a contracting direction): a log axis would drop it
     axes[1].set_yscale("symlog", linthresh=1e-2)
+    axes[1].axhline(0.0, color="0.5", lw=0.8)
     fig.tight_layout()
     return fig
