@@ -84,6 +84,14 @@ def profile_note(profile: str, notebook: str, machine: str | None = None) -> str
             "carries the `smoke` profile's outputs, which only check that it runs (nbval).")
 
 
+def pending_note(profile: str) -> str:
+    """The first cell of a notebook page not yet executed with ``profile``: the committed notebook,
+    whose outputs must not be read as results."""
+    return (f"> **Outputs on this page: the `smoke` profile**, the committed notebook's, which only check "
+            f"that it runs (nbval); they are not results. Its `{profile}` outputs come later, when its "
+            f"`{profile}` run is committed; the `{profile}` results are on the Results pages.")
+
+
 def notebook_page(source: str | Path, dest: str | Path, note: str) -> Path:
     """Write ``source`` to ``dest`` with ``note`` as a new first markdown cell, replacing the one a
     previous call put there (the cell's id, ``NOTE_ID``, marks it)."""
@@ -108,18 +116,16 @@ def _machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m nodelm_lib.report notebook SOURCE DEST --profile cpu`` (or ``--note TEXT``)."""
+    """``python -m nodelm_lib.report notebook SOURCE DEST --profile cpu [--pending]``."""
     parser = argparse.ArgumentParser(prog="python -m nodelm_lib.report")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("notebook", help="a notebook as a docs page, its first cell naming its outputs' profile")
-    p.add_argument("source")
+    p.add_argument("source", help="papermill's executed copy (or, with --pending, the committed notebook)")
     p.add_argument("dest", help="docs/notebooks/<notebook>.ipynb: its name names the params file")
-    p.add_argument("--profile", help="the profile its outputs come from (this machine is named)")
-    p.add_argument("--note", help="the first cell's text instead of the profile's")
+    p.add_argument("--profile", required=True, help="the profile its outputs come from (this machine is named)")
+    p.add_argument("--pending", action="store_true", help="not executed with --profile yet: say its outputs come later")
     args = parser.parse_args(argv)
-    if not (args.profile or args.note):
-        parser.error("give --profile or --note")
-    note = args.note or profile_note(args.profile, Path(args.dest).stem, _machine())
+    note = pending_note(args.profile) if args.pending else profile_note(args.profile, Path(args.dest).stem, _machine())
     print(notebook_page(args.source, args.dest, note))
     return 0
 
