@@ -208,12 +208,14 @@ DOCS_WORK     ?= build/docs-notebooks
 docs-notebooks: setup
 	rm -rf "$(DOCS_WORK)" && mkdir -p "$(DOCS_WORK)/results" docs/notebooks
 	cp -r results/runs "$(DOCS_WORK)/results/"
-	@for nb in $(DOCS_EXECUTED); do \
+	@commit=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown); \
+	for nb in $(DOCS_EXECUTED); do \
 	  echo ">> $$nb [$(DOCS_PROFILE)] -> docs/notebooks/$$nb.ipynb"; start=$$(date +%s); \
 	  $(KERNEL_ENV) $(VENV)/bin/papermill notebooks/$$nb.ipynb "$(DOCS_WORK)/$$nb.ipynb" \
 	    -f params/$$nb/$(DOCS_PROFILE).yaml -p work_dir "$(abspath $(DOCS_WORK))" \
 	    --cwd notebooks -k python3 $(PAPERMILL_FLAGS); \
-	  $(VPY) -m nodelm_lib.report notebook "$(DOCS_WORK)/$$nb.ipynb" docs/notebooks/$$nb.ipynb --profile $(DOCS_PROFILE); \
+	  $(VPY) -m nodelm_lib.report notebook "$(DOCS_WORK)/$$nb.ipynb" docs/notebooks/$$nb.ipynb \
+	    --profile $(DOCS_PROFILE) --commit $$commit; \
 	  echo ">> $$nb done in $$(( $$(date +%s) - start )) s"; \
 	done
 	@for nb in $(filter-out $(DOCS_EXECUTED),$(NOTEBOOKS)); do \

@@ -76,9 +76,9 @@ def write_tables(root: str | Path = ".") -> dict[str, list[str]]:
 # --------------------------------------------------------------------------- notebook pages
 
 
-def profile_note(profile: str, notebook: str, machine: str | None = None) -> str:
+def profile_note(profile: str, notebook: str, machine: str | None = None, commit: str | None = None) -> str:
     """The first cell of a notebook page executed with ``profile``: where its outputs come from."""
-    where = f" on {machine}" if machine else ""
+    where = (f" at commit {commit}" if commit else "") + (f" on {machine}" if machine else "")
     return (f"> **Outputs on this page: the `{profile}` profile** (`params/{notebook}/{profile}.yaml`), "
             f"executed by papermill (`make docs-notebooks`){where}. The notebook in `notebooks/` "
             "carries the `smoke` profile's outputs, which only check that it runs (nbval).")
@@ -116,7 +116,7 @@ def _machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m nodelm_lib.report notebook SOURCE DEST --profile cpu [--pending]``."""
+    """``python -m nodelm_lib.report notebook SOURCE DEST --profile cpu [--commit C] [--pending]``."""
     parser = argparse.ArgumentParser(prog="python -m nodelm_lib.report")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("notebook", help="a notebook as a docs page, its first cell naming its outputs' profile")
@@ -124,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dest", help="docs/notebooks/<notebook>.ipynb: its name names the params file")
     p.add_argument("--profile", required=True, help="the profile its outputs come from (this machine is named)")
     p.add_argument("--pending", action="store_true", help="not executed with --profile yet: say its outputs come later")
+    p.add_argument("--commit", help="the commit the notebook ran at, named in the note")
     args = parser.parse_args(argv)
-    note = pending_note(args.profile) if args.pending else profile_note(args.profile, Path(args.dest).stem, _machine())
+    note = (pending_note(args.profile) if args.pending else
+            profile_note(args.profile, Path(args.dest).stem, _machine(), args.commit))
     print(notebook_page(args.source, args.dest, note))
     return 0
 
