@@ -4,6 +4,7 @@
 #   make test                  unit tests, then nbval over notebooks/ (smoke parameters)
 #   make reproduce PROFILE=cpu every notebook with params/<nb>/$(PROFILE).yaml, timed into
 #                              results/reproduce_$(PROFILE).{json,csv}; then tables
+#   make docs                  the docs site (mkdocs build --strict into site/), offline
 #
 # torch is installed first, on its own, so that you choose the build:
 #   default:        TORCH_SPEC=torch==2.13.0 from pip's configured sources (find-links, PyPI)
@@ -65,18 +66,21 @@ torch_index_opt = $(if $(strip $(TORCH_INDEX)),--index-url $(strip $(TORCH_INDEX
 # 02_seed_comparison -> seed_comparison
 empty :=
 space := $(empty) $(empty)
+comma := ,
 nb_alias = $(subst $(space),_,$(wordlist 2,99,$(subst _, ,$(1))))
 
-.PHONY: help setup test unit nbval reproduce tables bench lab wheel clean distclean $(NOTEBOOKS)
+.PHONY: help setup test unit nbval reproduce tables bench docs docs-notebooks lab wheel clean distclean $(NOTEBOOKS)
 
 help:
 	@echo "nodelm make targets (PROFILE=$(PROFILE), VENV=$(VENV)):"
 	@echo "  setup       create $(VENV) if missing; install torch ($(TORCH_SPEC)) then -e .[dev]"
 	@echo "  test        unit tests (pytest tests/) then nbval over notebooks/"
-	@echo "  bench       the benchmark record (results/bench_cpu.*), then the README tables"
+	@echo "  bench       the benchmark record (results/bench_cpu.*), then the docs' tables"
 	@echo "  unit        unit tests only;  nbval: notebook tests only"
 	@echo "  reproduce   run every notebook with params/<nb>/\$$PROFILE.yaml, then tables"
-	@echo "  tables      rewrite the README tables from results/ (python -m nodelm_lib tables)"
+	@echo "  tables      rewrite the docs pages' tables from results/ (python -m nodelm_lib tables)"
+	@echo "  docs        install the [docs] extra if needed; mkdocs build --strict into site/"
+	@echo "  docs-notebooks  the docs' notebook pages: $(DOCS_EXECUTED) executed with PROFILE=$(DOCS_PROFILE)"
 	@echo "  lab         install the [lab] extra if needed and start JupyterLab"
 	@echo "  wheel       build dist/nodelm-<version>-py3-none-any.whl (to upload to Colab)"
 	@echo "  clean       remove executed notebooks, caches, checkpoints, __pycache__"
@@ -165,7 +169,7 @@ $(foreach nb,$(NOTEBOOKS),$(if $(call nb_alias,$(nb)),$(eval $(call alias_rule,$
 
 # nodelm_lib.reproduce runs `make <nb>` for each notebook and times it, between two CPU probes
 # (a shared VM can run the same profile at very different wall times), writing the timings to
-# results/reproduce_$(PROFILE).{json,csv} after every notebook; tables then renders them in README.
+# results/reproduce_$(PROFILE).{json,csv} after every notebook; tables then renders them in the docs.
 # (Through SUBMAKE, not $(MAKE) itself: a recipe line that names $(MAKE) runs even under
 # `make -n`, which would write a record of notebooks that were only printed.)
 SUBMAKE = $(MAKE)
@@ -176,10 +180,47 @@ reproduce: setup
 tables: setup
 	$(VPY) -m nodelm_lib tables
 
-# the benchmark record (bench/record.py, ~16 min on two cores), then the README tables
+# the benchmark record (bench/record.py, ~16 min on two cores), then the docs' tables
 bench: setup
 	$(VPY) bench/record.py
 	$(VPY) -m nodelm_lib tables
+
+# ---------------------------------------------------------------- docs
+
+# The docs site (mkdocs.yml, docs/), built offline; --strict makes a broken link or a missing
+# page an error. The [docs] extra is installed the first time.
+DOCS_PACKAGES := mkdocs material mkdocstrings mkdocstrings_handlers.python mkdocs_jupyter
+docs: setup
+	@$(VPY) -c 'import $(subst $(space),$(comma),$(DOCS_PACKAGES))' >/dev/null 2>&1 || $(VPIP) install -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The docs' notebook pages: each notebook of DOCS_EXECUTED run by papermill with
+# params/<nb>/$(DOCS_PROFILE).yaml in a scratch work folder that holds a copy of the run store
+# (so the committed results/ and figures/ are never rewritten; notebooks that only read the store
+# train nothing), then written to docs/notebooks/<nb>.ipynb with a first cell naming the profile
+# and the machine. The other notebooks' pages are the committed notebooks (smoke outputs) with a
+# note that their $(DOCS_PROFILE) outputs come later. 02 is left out while its cpu profile is
+# rerun under the revised learning-rate protocol: its store lacks those runs, so it would train
+# for hours. One notebook at a time.
+DOCS_PROFILE  ?= cpu
+DOCS_EXECUTED ?= $(filter-out 02_seed_comparison,$(NOTEBOOKS))
+DOCS_WORK     ?= build/docs-notebooks
+docs-notebooks: setup
+	rm -rf "$(DOCS_WORK)" && mkdir -p "$(DOCS_WORK)/results" docs/notebooks
+	cp -r results/runs "$(DOCS_WORK)/results/"
+	@commit=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown); \
+	for nb in $(DOCS_EXECUTED); do \
+	  echo ">> $$nb [$(DOCS_PROFILE)] -> docs/notebooks/$$nb.ipynb"; start=$$(date +%s); \
+	  $(KERNEL_ENV) $(VENV)/bin/papermill notebooks/$$nb.ipynb "$(DOCS_WORK)/$$nb.ipynb" \
+	    -f params/$$nb/$(DOCS_PROFILE).yaml -p work_dir "$(abspath $(DOCS_WORK))" \
+	    --cwd notebooks -k python3 $(PAPERMILL_FLAGS); \
+	  $(VPY) -m nodelm_lib.report notebook "$(DOCS_WORK)/$$nb.ipynb" docs/notebooks/$$nb.ipynb \
+	    --profile $(DOCS_PROFILE) --commit $$commit; \
+	  echo ">> $$nb done in $$(( $$(date +%s) - start )) s"; \
+	done
+	@for nb in $(filter-out $(DOCS_EXECUTED),$(NOTEBOOKS)); do \
+	  $(VPY) -m nodelm_lib.report notebook notebooks/$$nb.ipynb docs/notebooks/$$nb.ipynb --profile $(DOCS_PROFILE) --pending; \
+	done
 
 lab: setup
 	@$(VPY) -c 'import jupyterlab' >/dev/null 2>&1 || $(VPIP) install -e ".[lab]"
@@ -195,7 +236,7 @@ wheel: setup
 
 # Committed outputs (results/*.csv|md|tex, results/runs/, figures/) are never touched.
 clean:
-	rm -rf results/executed .cache checkpoints .pytest_cache build dist
+	rm -rf results/executed .cache checkpoints .pytest_cache build dist site
 	find . \( -path ./.git -o -path "./$(VENV:./%=%)" -o -path ./.venv \) -prune \
 	  -o -type d -name __pycache__ -prune -exec rm -rf {} +
 

@@ -1,7 +1,7 @@
 """The benchmark record: every speed target of the project, each measured against its reference
 in the same run, written with the machine it ran on.
 
-    python bench/record.py                    # writes results/bench_cpu.{json,csv}; `make tables` puts the CSV in the README
+    python bench/record.py                    # writes results/bench_cpu.{json,csv}; `make tables` puts the CSV in the docs
     python bench/record.py --rounds 3 --decode-tokens 64 --out /tmp/bench   # a quick look
 
 What it measures (one thread unless ``--threads``; the 02 sweep trains two runs at a time with
@@ -173,8 +173,8 @@ def stream_gbps(threads: int, mib: int = 256, repeats: int = 5) -> float:
     ``repeats`` in-place additions ``dst += src`` of two float32 tensors of ``mib`` MiB each, far
     larger than any cache (two reads and one write per element). In place, as AdamW updates its tensors: a copy into another buffer also
     reads every destination line before writing it, which a count of two accesses per element
-    does not see (on the AVX-512 EPYC, one thread: 36 GB/s for a copy so counted, 53 for this,
-    and fused AdamW over 13M parameters ran at 53)."""
+    does not see: a copy so counted reads well below the rate fused AdamW itself reaches, and the
+    floor built on it would be too high to be a floor."""
     src, dst = torch.ones(mib * 2**18), torch.zeros(mib * 2**18)
     return 3 * src.numel() * src.element_size() / best_seconds(lambda: dst.add_(src), threads, repeats) / 1e9
 
@@ -337,7 +337,7 @@ def bench_decode(new_tokens: int, rounds: int = 3) -> list[dict]:
     one-time costs: lazy kernel set-up, first-touch allocations, which fell on whichever arch ran
     first), then ``rounds`` timed runs in alternating order. Reported: the fastest run of each
     mode (sharing the machine can only slow a run; a cached run lasts ~0.3 s, so a stall of a
-    few seconds halves its speed: measured 936 against 1816 tokens/s for gpt half an hour apart),
+    few seconds halves its speed),
     and in the JSON also the ratio of the medians."""
     rows = []
     for arch in ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm"):

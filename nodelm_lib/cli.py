@@ -8,7 +8,7 @@ Subcommands:
   generate  sample text from a saved model, printed as it is generated (``--checkpoint``: a model
             file or a run's checkpoint)
   eval      loss / perplexity of a saved model over a whole split, at a chosen context length
-  tables    rewrite the README's generated tables from results/
+  tables    rewrite the generated tables of the docs pages (and README) from results/
   reproduce run notebooks in turn (``make <nb>``), timing each into results/reproduce_<profile>.json
             and .csv, between two CPU probes (``make reproduce``)
   cpu       how much of one core's speed this (shared) machine gives now; ``make reproduce``
@@ -127,10 +127,10 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _tables(args: argparse.Namespace) -> int:
-    from .report import update_readme_tables
+    from .report import write_tables
 
-    changed = update_readme_tables(Path(args.readme))
-    print(f"{args.readme}: {len(changed)} table(s) rewritten" + (f" ({', '.join(changed)})" if changed else ""))
+    for page, tables in write_tables(Path(args.root)).items():
+        print(f"{page}: {len(tables)} table(s) from {', '.join(tables)}")
     return 0
 
 
@@ -193,8 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=_eval)
 
-    p = sub.add_parser("tables", help="rewrite README tables from results/")
-    p.add_argument("--readme", default="README.md")
+    p = sub.add_parser("tables", help="rewrite the docs pages' tables from results/")
+    p.add_argument("--root", default=".", help="the repository: its docs/**/*.md and README.md")
     p.set_defaults(func=_tables)
 
     p = sub.add_parser("reproduce", help="run notebooks in turn (make <nb>), timing each into results/reproduce_<profile>.json")

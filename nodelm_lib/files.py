@@ -1,5 +1,5 @@
 """Atomic file writes: a reader, or a crash mid-write, sees the old file or the new one, never
-half of one. Used for run records, checkpoints, model files, token caches, tables and the README."""
+half of one. Used for run records, checkpoints, model files, token caches, tables and the docs pages."""
 
 from __future__ import annotations
 

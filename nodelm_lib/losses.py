@@ -17,8 +17,7 @@ CHUNK_LOGITS = 2**23
 # product over the whole vocabulary streams a (rows, V) output that leaves the cache before it is
 # complete; in blocks of this many columns each block of z (and of W) stays in L2 while it is
 # written. Every logit is the same length-D dot product either way (bitwise equal with MKL).
-# Measured on an AVX2 EPYC, 2 threads, 166 x 256 by 256 x 50257: 68 -> 110 GFLOP/s
-# (the two backward products already ran at ~150).
+# 256 to 2048 columns run alike; the measurement is on the docs' Benchmarks page (bench/head_loss.py).
 HEAD_COLUMNS = 1024
 
 
@@ -78,9 +77,8 @@ LOW_PRECISION_LOGITS = 2**27
 # The low-precision loss's gradient logits G, kept between calls, one buffer per (dtype, device):
 # at the GPT-2 vocabulary and 2048 rows G is 206 MB in bf16, above the largest chunk glibc serves
 # from its heap (32 MB, even with ``profiling.keep_freed_memory``), so a fresh one came from mmap and
-# page-faulted ~50,000 times every step. Kept: bf16 seed-config step (2 threads, AVX-512 EPYC, fresh
-# processes taking turns) gpt 607 -> 520 ms, hybrid 655 -> 568 ms. ``release_kept_buffers`` frees it
-# (``nl.train`` does when its steps end).
+# page-faulted ~50,000 times every step, a seventh of a bf16 seed-config step. ``release_kept_buffers``
+# frees it (``nl.train`` does when its steps end).
 _KEPT_GRADIENT_LOGITS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
@@ -161,8 +159,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         if not torch.compiler.is_compiling() and grad_out.device.type == "cpu" and grad_out.item() == 1.0:
             # loss.backward(): hand over the gradients themselves. grad_w * 1 would be a fresh
             # (V, D) tensor (51 MB at the GPT-2 vocabulary), above glibc's largest heap chunk, so
-            # mmap'd and page-faulted on every step: seed-config gpt step 1322 -> 1307 ms
-            # (alternating steps, 2 threads, AVX-512 EPYC). Safe: the engine frees the saved
+            # mmap'd and page-faulted on every step. Safe: the engine frees the saved
             # tensors before the weight's gradient is accumulated, so AccumulateGrad takes this
             # tensor as .grad (and copies it instead while the graph is retained). Not while
             # compiling: .item() would break the graph (and the compiled step has its own buffers).
@@ -183,8 +180,8 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     Only on a CPU, where it was measured to pay. On a GPU (``chunk`` not given) the loss is
     the plain ``F.cross_entropy(F.linear(h, weight), targets)``: the caching allocator makes
     the (N, V) buffers free to reuse, autocast runs the product in bf16, and ``torch.compile``
-    fuses the softmax. Measured on an H100 at 02's gpu profile (N = 4096, V = 50257): the chunked
-    loop made a gpt training step ~22 ms, most of it this head in float32."""
+    fuses the softmax; the chunked loop would keep this head in float32, most of a GPU step at
+    02's gpu profile."""
     if chunk is None and h.device.type != "cpu":
         return F.cross_entropy(F.linear(h, weight), targets)
     chunk = chunk or max(1, CHUNK_LOGITS // weight.shape[0])

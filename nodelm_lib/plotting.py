@@ -97,7 +97,7 @@ def save_figure(fig: plt.Figure, path_stem: str | Path) -> list[Path]:
     with warnings.catch_warnings():
         # matplotlib warns when placing a loc="best" legend took over a second of wall time.
         # The placement it finds does not depend on the time, so on a busy machine the warning
-        # says nothing about the figure; it used to fail nbval's output comparison by turns.
+        # says nothing about the figure, and in a cell's output it would fail nbval's comparison.
         warnings.filterwarnings("ignore", message=_SLOW_LEGEND_WARNING, category=UserWarning)
         dpi = STYLE["savefig.dpi"]
         fig.savefig(paths[0], bbox_inches="tight", dpi=dpi, metadata={"Software": None, "Description": description})

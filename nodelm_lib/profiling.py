@@ -71,8 +71,8 @@ def keep_freed_memory(largest_heap_chunk_mb: int = 32, keep_mb: int = 1024) -> b
 
     Why: a training step allocates and frees the same large tensors every step. By default glibc
     serves many of them with fresh ``mmap``s, and every page of a fresh mapping page-faults on
-    first touch: measured at 02's cpu config (one thread, AMD EPYC), 1,600 (gpt) to 8,600 (node)
-    faults per step, ~13% of node's step time and ~5% of ti_ssm's; with this setting, none. The
+    first touch: at 02's cpu config 1,600 (gpt) to 8,600 (node) faults per step, ~13% of node's
+    step time and ~5% of ti_ssm's; with this setting, none. The
     price is a resident set that stays at its high-water mark (the process's peak, which
     ``process_peak_memory_mb`` reports anyway). ``peak_memory_mb`` sets its own threshold while
     it measures. Numbers are unchanged: only where memory comes from. Returns False where this
@@ -167,8 +167,8 @@ def cpu_description() -> dict:
     use, and torch's CPU capability (the widest vector instruction set its kernels dispatch to,
     e.g. ``AVX512`` or ``AVX2``). Float results are identical on rerun on one machine, not across
     machines: the vector width and the blocking the BLAS picks for a CPU model set the order of
-    every sum, and so its rounding. (Forcing ``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512 EPYC did
-    not give back an older machine's numbers, so the capability alone does not decide them.)"""
+    every sum, and so its rounding. (Forcing a narrower ``ATEN_CPU_CAPABILITY`` does not give back
+    an older CPU's numbers, so the capability alone does not decide them.)"""
     return {"cpu_name": _cpu_model_name(), "cpu_count": os.cpu_count(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
@@ -202,8 +202,8 @@ def cpu_availability(seconds: float = 10.0, chunk_s: float = 0.02) -> dict:
     chunks of about ``chunk_s`` for ``seconds``, and the fastest chunk stands for the core's own
     speed (``availability_from_times``). About 1 on a dedicated core. A shared VM whose vCPU is
     throttled or preempted reads lower, and timings taken meanwhile (ms/step, tokens/s, a
-    notebook's wall time) are slower too, though not by ``1 / availability``: on this project's
-    VM, readings of 0.24-0.31 came with torch training steps 1.2-2x slower than on a normal day.
+    notebook's wall time) are slower too, though not by ``1 / availability`` (how to read them:
+    the docs' Reproducing page, "Timing on shared machines").
     Returns availability, chunks, best_ms, median_ms, seconds.
     """
     if seconds <= 0 or chunk_s <= 0:

@@ -5,7 +5,7 @@ The Makefile keeps the recipe for one notebook (papermill with ``params/<nb>/<pr
 
     results/reproduce_<profile>.json   started, commit, machine (CPU, torch), CPU probe readings,
                                        per-notebook seconds, new stored runs, total, status
-    results/reproduce_<profile>.csv    the same as a table (``make tables`` renders it in README)
+    results/reproduce_<profile>.csv    the same as a table (``make tables`` renders it in the docs)
 
 so that a reproduce stopped halfway keeps the times it measured, and a total quoted anywhere comes
 from a record. A notebook with variants of the profile (``params/<nb>/<profile>_<name>.yaml``, e.g.
@@ -54,7 +54,7 @@ class ReproduceRecord:
     status: str = "running"
 
     def table(self) -> pd.DataFrame:
-        """One row per step, then the total (the CSV that README renders)."""
+        """One row per step, then the total (the CSV that the docs render)."""
         rows = [{"step": s.name, "started (UTC)": s.started, "minutes": round(s.seconds / 60, 2),
                  "new stored runs": s.new_stored_runs, "status": s.status} for s in self.steps]
         total = self.total_s if self.total_s is not None else sum(s.seconds for s in self.steps)
@@ -75,7 +75,7 @@ OUTPUT_DIRS = ("results", "figures")
 
 def _git_commit(root: Path) -> str | None:
     """The commit the notebooks run from, ``-dirty`` if tracked files outside ``OUTPUT_DIRS`` differ
-    from it (the README counts: ``make tables`` rewrites only its marked sections)."""
+    from it (the docs pages count: ``make tables`` rewrites only their marked sections)."""
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)

@@ -73,9 +73,8 @@ def basis_product(e: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     into blocks of basis rows on a CPU.
 
     Why: S (the grid's times, ~4) and E (~64) are small and N large, and MKL runs these skinny
-    products several times slower than memory allows. Measured at 02's cpu config (node,
-    1 thread, AMD EPYC, ms per training step): forward 6.0 -> 3.4, the basis gradient
-    8.4 -> 3.5. The gradient's blocks split its output rows (each row still one product, the
+    products several times slower than memory allows; in blocks, about twice as fast (the
+    measurement is on the docs' Benchmarks page). The gradient's blocks split its output rows (each row still one product, the
     same numbers); the forward's accumulate the sum over k in partial sums of
     ``FORWARD_BLOCK`` terms (a reordered float sum). Elsewhere (GPU, autocast, another dtype,
     ``torch.compile``, ``torch.func`` transforms) it is the one product.

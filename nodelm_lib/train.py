@@ -162,8 +162,7 @@ def cpu_has_native_bf16(flags: Iterable[str] | None = None) -> bool:
 
 def check_dtype_supported(dtype: str, device: torch.device, flags: Iterable[str] | None = None) -> None:
     """Refuse ``dtype="bfloat16"`` on a CPU without native bf16 (``cpu_has_native_bf16``): there
-    PyTorch emulates it, and a run is several times slower than in float32, not faster (on an
-    AVX2 AMD EPYC: a small GPT's training step 6x, a 512 x 512 matmul 13x slower). The
+    PyTorch emulates it, and a run is several times slower than in float32, not faster. The
     environment variable ``NODELM_ALLOW_EMULATED_BF16=1`` lets it run anyway (e.g. to test the
     bf16 code path). ``flags`` as in ``cpu_has_native_bf16``."""
     if dtype != "bfloat16" or device.type != "cpu" or cpu_has_native_bf16(flags):
@@ -180,10 +179,9 @@ def check_dtype_supported(dtype: str, device: torch.device, flags: Iterable[str]
 
 def compile_for(model: torch.nn.Module, device: torch.device, ctx: Context = SINGLE) -> torch.nn.Module:
     """``torch.compile(model)``; on one CUDA GPU (no DDP) with CUDA graphs (``mode="reduce-overhead"``),
-    which replay a step's kernels instead of launching each from Python. Measured on an H100 at
-    02's gpu profile (bench/record.py --only gpu): gpt's step 9.5 -> 4.6 ms, node 15.8 -> 7.7;
-    at these sizes the GPU otherwise waits on the CPU's launches. Not under DDP, whose gradient
-    hooks run between the graph's kernels."""
+    which replay a step's kernels instead of launching each from Python: at 02's gpu sizes the
+    GPU otherwise waits on the CPU's launches (``bench/record.py --only gpu`` measures it). Not
+    under DDP, whose gradient hooks run between the graph's kernels."""
     if device.type == "cuda" and not ctx.active:
         return torch.compile(model, mode="reduce-overhead")
     return torch.compile(model)
@@ -215,7 +213,7 @@ def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     kwargs = dict(lr=tc.lr, betas=(tc.beta1, tc.beta2))
-    try:  # the fused kernel cut the optimiser step ~3.5x on CPU (DESIGN.md)
+    try:  # the fused kernel: one kernel for the whole update, several times faster on CPU
         return torch.optim.AdamW(groups, fused=True, **kwargs)
     except (RuntimeError, TypeError):
         return torch.optim.AdamW(groups, **kwargs)

@@ -1,5 +1,5 @@
 """The arithmetic of the ``bench/`` scripts: the benchmark record's bounds beside each measured
-ratio and the CSV the README renders (``record.py``), and the candidates that ``head_loss.py``
+ratio and the CSV the docs render (``record.py``), and the candidates that ``head_loss.py``
 and ``scan.py`` time on a GPU (each must equal what the library computes to be worth timing)."""
 
 import csv

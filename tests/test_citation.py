@@ -1,6 +1,6 @@
 """The repository says who may use it and how to cite it, consistently: LICENSE, CITATION.cff,
-pyproject.toml and the README's references agree, and the README points at nothing outside the
-repository except the optional offline data folder."""
+pyproject.toml and the docs' references agree, and the README and the docs point at nothing
+outside the repository except the optional offline data folder."""
 
 import json
 import re
@@ -38,14 +38,15 @@ def test_citation_cff_matches_the_package():
         assert ref["authors"] and ref["year"] and ref["type"], ref["title"]
 
 
-def readme_bibtex():
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Cite / references", 1)[1]
-    return "\n".join(re.findall(r"```bibtex\n(.*?)```", section, re.S))
+def references_bibtex():
+    """The BibTeX of docs/references.md (the README links it)."""
+    references = (REPO / "docs" / "references.md").read_text()
+    return "\n".join(re.findall(r"```bibtex\n(.*?)```", references, re.S))
 
 
-def test_readme_bibtex_entries_are_well_formed_and_cover_the_cited_work():
-    bib = readme_bibtex()
+def test_references_bibtex_entries_are_well_formed_and_cover_the_cited_work():
+    assert "docs/references.md" in (REPO / "README.md").read_text()
+    bib = references_bibtex()
     keys = re.findall(r"@\w+\{([^,\s]+),", bib)
     assert len(keys) == len(set(keys)), keys
     assert bib.count("{") == bib.count("}")
@@ -61,9 +62,10 @@ def markdown_cells():
 
 
 def test_docs_point_inside_the_repository_except_the_offline_data_folder():
-    readme = (REPO / "README.md").read_text()
-    assert "shared/seeds" not in readme and "seed documents" not in readme
-    for match in re.finditer(r"\.\./shared/[\w./-]*", readme):
-        assert match.group(0) == "../shared/data", match.group(0)
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        text = page.read_text()
+        assert "shared/seeds" not in text and "seed documents" not in text, page
+        for match in re.finditer(r"\.\./shared/[\w./-]*", text):
+            assert re.fullmatch(r"\.\./shared/data(/[\w./-]*)?", match.group(0)), (page, match.group(0))
     for name, text in markdown_cells():
         assert "../shared" not in text and "shared/seeds" not in text and "seed documents" not in text, name

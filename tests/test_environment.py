@@ -31,7 +31,7 @@ CONDA_TOOLCHAIN = {"python", "pip"}
 
 PINNED_TORCH_FALLBACK = "2.13.0"  # used only if the Makefile's TORCH_SPEC can't be read
 REQUIRED_TARGETS = ("help", "setup", "test", "reproduce", "lab", "clean", "distclean",
-                    "tables", "wheel")
+                    "tables", "wheel", "docs", "docs-notebooks")
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*?)\s*$")
 

@@ -8,7 +8,7 @@ reference is rk4 at many steps. Three measurements:
   fixed-step method over a range of step counts and each adaptive method over tolerances;
 - ``sensitivity_costs``: forward + backward time, peak memory and the gradient's relative
   error against ``direct`` (through the same solve) per sensitivity and number of steps;
-- ``summary``: the README's table, one row per sensitivity at the largest step count.
+- ``summary``: the docs' table, one row per sensitivity at the largest step count.
 """
 
 from __future__ import annotations

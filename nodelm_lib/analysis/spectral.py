@@ -47,7 +47,7 @@ J^T J accelerated) the spectral norm. (For ``reversible_heun`` the trajectory ho
 y states; the solver itself evaluates the field at its auxiliary z states.)
 
 ``dynamics_summary`` condenses both analyses and the Lyapunov tables (``lyapunov.py``) into one
-row per (model, analysis): the headline numbers of notebook 04 and its README table.
+row per (model, analysis): the headline numbers of notebook 04 and its docs table.
 """
 
 from __future__ import annotations

@@ -139,9 +139,8 @@ def time_major(*tensors: torch.Tensor, axis: int) -> list[torch.Tensor]:
 
 SCAN_BLOCK = 16  # positions per block of ``_SelectiveScan`` (see there)
 
-# exp(x) = 2^(x log2 e): the fused scan forms its decays with exp2, which this library's CPU
-# kernels evaluate in about half exp's time (AVX2 EPYC, float32: 0.57 vs 1.07 ns per element), on
-# the largest tensor of the scan: ti_ssm's 02 cpu step 117.0 -> 110.8 ms. The same value to
+# exp(x) = 2^(x log2 e): the fused scan forms its decays with exp2, which torch's CPU kernels
+# evaluate in about half exp's time, on the largest tensor of the scan. The same value to
 # float32 rounding (the product with log2 e rounds once more).
 LOG2_E = 1.4426950408889634
 
@@ -272,9 +271,8 @@ def _log2_decay_rates(A_t: torch.Tensor) -> torch.Tensor:
 def _decays(delta: torch.Tensor, A_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """a = exp(Delta A) in (0, 1] for a block of positions: delta (L, B, 1, D), A_2 from
     ``_log2_decay_rates``, into ``out`` (L, B, N, D). Formed per block in forward and again in
-    backward rather than stored for backward: the same numbers bit for bit, ti_ssm's 02 cpu step
-    63.5 vs 63.8 ms (alternating processes, 60 steps each, 1 thread, AVX-512 EPYC: no measurable
-    cost), and a training step's peak memory 813 -> 561 MB at B 32, T 256."""
+    backward rather than stored for backward: the same numbers bit for bit at no measurable cost
+    in time, and about a third less peak memory in a training step."""
     return torch.mul(delta, A_2, out=out).exp2_()
 
 
@@ -285,11 +283,10 @@ def _blocks(length: int, block: int) -> list[tuple[int, int]]:
 
 # --------------------------------------------------------------------------- under torch.compile
 # The compiler would trace _SelectiveScan's Python loops position by position: at 02's gpu sizes
-# (d 256, depth 6, T 128) compiling ti_ssm took 205 s on a CPU (over 10 minutes on an H100) and its
-# compiled step ran 2.6x slower than eager (362 vs 140 ms at batch 4, AVX-512 EPYC). While
-# compiling, the scan is instead one opaque operator, whose forward and backward run the eager
-# code above: the rest of the model compiles around it in one graph (on one CUDA GPU its CUDA graph,
-# train.compile_for, should replay the scan's kernels with the rest: not yet run on a GPU). Outputs
+# (d 256, depth 6, T 128) compiling ti_ssm then takes minutes and its compiled step runs slower
+# than eager. While compiling, the scan is instead one opaque operator, whose forward and backward
+# run the eager code above: the rest of the model compiles around it in one graph (on one CUDA GPU,
+# train.compile_for's CUDA graph is meant to replay the scan's kernels with the rest). Outputs
 # are contiguous, as the compiler assumes from the shapes the fake (meta) functions give.
 
 
