@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 SUFFIX = ".claim"
 HEARTBEAT_S = 60.0  # how often a held claim is touched
 STALE_AFTER_S = 600.0  # a claim of another host untouched this long belongs to a dead worker
+# an empty or unparsable claim names no worker to wait for: stale as soon as it is older than
+# the moment an exclusive create (where hard links fail) takes between creating and filling it
+UNREADABLE_GRACE_S = 2.0
 
 
 def claim_path(store: str | Path, config_hash: str) -> Path:
@@ -68,6 +71,8 @@ def owner() -> dict:
 
 
 def describe(info: dict) -> str:
+    if info.get("unreadable"):
+        return f"an unreadable claim file ({'empty' if not info.get('token') else 'not a claim this module wrote'})"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("time", 0)))
     job = f", job {info['job_id']}" if info.get("job_id") else ""
     return f"{info.get('host', '?')} pid {info.get('pid', '?')}{job} since {since}"
@@ -86,8 +91,12 @@ def _read(path: Path) -> dict | None:
         return None
     try:
         info = json.loads(text)
-    except json.JSONDecodeError:  # never written by this module (claims appear whole): treat as foreign
-        info = {"host": "?", "pid": None, "time": 0.0, "token": text}
+    except json.JSONDecodeError:
+        info = None
+    if not isinstance(info, dict) or not {"host", "token"} <= set(info):
+        # empty, cut short or foreign: its raw text stands for its token, so that a takeover
+        # removes this very file and not a claim written in its place meanwhile
+        info = {"unreadable": True, "host": None, "pid": None, "token": text}
     return {**info, "age_s": age}
 
 
@@ -104,6 +113,8 @@ def _pid_alive(pid: int) -> bool:
 def is_stale(info: dict, stale_after_s: float | None = None) -> bool:
     """Whether the worker of claim ``info`` is gone (module docstring)."""
     stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
+    if info.get("unreadable"):
+        return info["age_s"] > UNREADABLE_GRACE_S
     mine = owner()
     if info.get("job_id") and info["job_id"] == mine["job_id"] and info.get("attempt", 0) < mine["attempt"]:
         return True  # this job's earlier attempt (requeued after a time limit or preemption)

@@ -11,6 +11,8 @@ Subcommands:
   tables    rewrite the README's generated tables from results/
   reproduce run notebooks in turn (``make <nb>``), timing each into results/reproduce_<profile>.json
             and .csv, between two CPU probes (``make reproduce``)
+  store     check a run store: every record is what its name says (``store check DIR``); move bad
+            files aside so that their runs train again (``store quarantine DIR``)
   cpu       how much of one core's speed this (shared) machine gives now; ``make reproduce``
             measures it before and after, to read its timings by
 """
@@ -154,6 +156,24 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0 if record.status == "done" else 1
 
 
+def _store(args: argparse.Namespace) -> int:
+    from .integrity import check_store, quarantine, store_files
+
+    checked = len(store_files(args.store, args.checkpoints))
+    if args.action == "check":
+        problems = check_store(args.store, args.checkpoints)
+        for _, problem in problems:
+            print(f"bad: {problem}")
+        print(f"{checked} file(s) checked, {len(problems)} bad" +
+              (f"; `python -m nodelm_lib store quarantine` moves them aside" if problems else ""))
+        return 1 if problems else 0
+    moved = quarantine(args.store, args.checkpoints)
+    for path, target, problem in moved:
+        print(f"moved {path} -> {target}: {problem}")
+    print(f"{checked} file(s) checked, {len(moved)} moved aside; the runs they stood for train again when next run")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m nodelm_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -204,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=".", help="repository root (Makefile, results/)")
     p.add_argument("--probe-seconds", type=float, default=10.0, help="length of each CPU probe")
     p.set_defaults(func=_reproduce)
+
+    p = sub.add_parser("store", help="check a run store's records (and checkpoints); move bad ones aside")
+    p.add_argument("action", choices=("check", "quarantine"),
+                   help="check: list every bad file (exit 1 if any); quarantine: move them under quarantine/")
+    p.add_argument("store", nargs="?", help="a folder of run records, e.g. results/runs/cpu (sub-folders too)")
+    p.add_argument("--checkpoints", help="also check every *.pt below this folder (e.g. checkpoints/runs)")
+    p.set_defaults(func=_store)
 
     p = sub.add_parser("cpu", help="how much of one core's speed this machine gives now (a shared VM reads < 1)")
     p.add_argument("--seconds", type=float, default=10.0, help="how long to measure")

@@ -43,13 +43,13 @@ import numpy as np
 import torch
 from tqdm import tqdm  # text bar everywhere: tqdm.auto warns without ipywidgets
 
-from . import __version__, distributed
+from . import __version__, distributed, integrity
 from .config import TrainConfig, from_dict, to_dict
 from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch, split_windows
 from .distributed import SINGLE, Context
 from .files import atomic_write, atomic_write_text
 from .losses import release_kept_buffers
-from .checkpoints import read_checkpoint
+from .checkpoints import load_torch_file, read_checkpoint
 from .models import CausalLM, build_model
 from .profiling import cpu_description, forward_flops_per_token, keep_freed_memory, saved_tensor_bytes
 
@@ -101,18 +101,25 @@ class RunRecord:
         return from_dict(TrainConfig, self.config)
 
     def to_json(self, path: str | Path | None = None) -> str:
+        """The record as JSON, with a digest of its contents (``integrity.digest``) that
+        ``from_json`` checks; written atomically to ``path`` if given."""
         stored = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("stored", True)}
-        text = json.dumps(stored, indent=1)
+        text = json.dumps({**stored, integrity.DIGEST_KEY: integrity.digest(stored)}, indent=1)
         if path is not None:
             atomic_write_text(path, text)
         return text
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> "RunRecord":
-        text = str(text_or_path)
+        """The record in JSON text or a file; ``integrity.RecordError`` naming the file where it
+        is not readable JSON, not a record, or changed since it was written (its digest)."""
+        text, path = str(text_or_path), None
         if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        return cls(**json.loads(text))
+            path = Path(text_or_path)
+            text = path.read_text()
+        fields = [f for f in dataclasses.fields(cls) if f.metadata.get("stored", True)]
+        required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        return cls(**integrity.parse_record(text, path, [f.name for f in fields], required))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -421,7 +428,7 @@ def load_training_state(path: Path, model, optimizer, batch_gen: torch.Generator
     """Restore a run from ``path``, written by any number of processes; returns the number of
     steps already done. In a data-parallel run (``ctx``) every rank reads the same replicated
     state, and rank r > 0 its own random state (``distributed.restore_rng_state``)."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_torch_file(path, "checkpoint")
     if state["config_hash"] != record.config_hash:
         raise ValueError(
             f"checkpoint {path} belongs to config {state['config_hash']}, not {record.config_hash}; "
