@@ -40,6 +40,9 @@ def _train(args: argparse.Namespace) -> int:
         tc = dataclasses.replace(tc, model=model_preset(args.preset, arch, vocab_size=tc.model.vocab_size,
                                                         dropout=tc.model.dropout))
     tc = apply_overrides(tc, args.set)
+    if args.resume:
+        tc = dataclasses.replace(tc, resume=True)
+    check_out_dir(tc, args.overwrite)
     rec = train(tc)
     if not launch_context().is_main:  # the other ranks of a torchrun launch computed the same record
         return 0
@@ -49,6 +52,20 @@ def _train(args: argparse.Namespace) -> int:
     print(f"{tc.model.arch} seed {tc.seed} ({rec.config_hash}): {final}; "
           f"{rec.tokens_per_s:.0f} tokens/s, {rec.wall_time_s:.1f} s")
     return 0
+
+
+def check_out_dir(tc: TrainConfig, overwrite: bool) -> None:
+    """Refuse to train into an ``out_dir`` that holds a checkpoint unless told what to do with
+    it: continue it (``--resume``) or start again from step 0 over it (``--overwrite``)."""
+    from .train import CHECKPOINT_NAME
+
+    if tc.out_dir is None or tc.resume or overwrite:
+        return
+    checkpoint = Path(tc.out_dir) / CHECKPOINT_NAME
+    if checkpoint.exists():
+        raise ValueError(f"out_dir {tc.out_dir} holds a checkpoint ({checkpoint}); training into it would start at "
+                         "step 0 and overwrite it. Pass --resume (or --set resume=true) to continue that run, or "
+                         "--overwrite to start again from step 0")
 
 
 def _tokenizer_of(model, override: str | None, data_dir: str | None):
@@ -185,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. model.arch=hybrid (repeatable)")
     p.add_argument("--record", help="write the run record JSON here")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--resume", action="store_true",
+                      help="continue the run from the checkpoint in out_dir (as --set resume=true)")
+    what.add_argument("--overwrite", action="store_true",
+                      help="start again from step 0 even though out_dir holds a checkpoint (it is replaced)")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("generate", help="sample text from a saved model, printed as it is generated")

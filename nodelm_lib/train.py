@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import platform
@@ -55,6 +56,8 @@ from .profiling import cpu_description, forward_flops_per_token, keep_freed_memo
 
 CHECKPOINT_NAME = "checkpoint.pt"
 RECORD_NAME = "record.json"
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteError(RuntimeError):
@@ -547,6 +550,10 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     start = 0
     if tc.resume and ckpt_path is not None and ckpt_path.exists():
         start = load_training_state(ckpt_path, model, optimizer, batch_gen, record, ctx, device)
+        log.info("%s seed %d (%s): resumed from step %d of %d (%s)", tc.model.arch, tc.seed, record.config_hash,
+                 start, tc.max_steps, ckpt_path)
+    elif ckpt_path is not None and ckpt_path.exists() and ctx.is_main:
+        log.warning("%s holds a checkpoint, but resume=False: this run starts at step 0 and replaces it", ckpt_path)
     if start == 0:
         record.evals.append({"step": 0, "val_loss": evaluate(model, val_batches, device, autocast, ctx),
                              "train_time_s": 0.0})
