@@ -17,7 +17,10 @@ a claim is *stale*, and the next worker takes it over with a warning:
 
 The lock file is written whole under a temporary name and hard-linked into place: ``link`` fails
 when the name exists (as ``O_CREAT | O_EXCL`` does) and is atomic on NFS too, and no reader ever
-sees a half-written claim. A stale claim is taken over by renaming it to a private name first, so of
+sees a half-written claim. Where the file system has no hard links (Colab's Google Drive mount
+answers ``link`` with ENOSYS, other FUSE mounts with EOPNOTSUPP), the claim is made by an exclusive
+create (``O_CREAT | O_EXCL``) and filled at once; a claim still empty or unparsable
+``UNREADABLE_GRACE_S`` after it appeared names no worker and is stale. A stale claim is taken over by renaming it to a private name first, so of
 two workers that found it stale only one removes it; the other finds the renamed file is not the
 claim it judged and puts it back.
 
@@ -28,6 +31,7 @@ record.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -186,17 +190,45 @@ def try_claim(store: str | Path, config_hash: str, stale_after_s: float | None =
     raise RuntimeError(f"could not claim run {config_hash} in {store}: its claim {path} kept changing")
 
 
+# what os.link raises on a file system without hard links: Colab's Google Drive mount answers
+# ENOSYS, other FUSE and network mounts EOPNOTSUPP / ENOTSUP or EPERM
+NO_HARD_LINKS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM})
+
+
 def _create(path: Path, info: dict) -> bool:
-    """Put a complete claim file at ``path`` unless one is there (atomic: a hard link)."""
+    """Put a complete claim file at ``path`` unless one is there (``_place``)."""
     tmp = path.with_name(f".{path.name}.{info['token']}.tmp")
     tmp.write_text(json.dumps(info))
     try:
-        os.link(tmp, path)
+        return _place(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _place(src: Path, path: Path) -> bool:
+    """Give ``path`` the contents of ``src`` unless ``path`` exists; False if it does. Atomic
+    either way: a hard link where the file system has them (readers never see a half-written
+    claim), else an exclusive create (``O_CREAT | O_EXCL``) filled at once, which a reader may
+    see empty for that moment (``UNREADABLE_GRACE_S``)."""
+    try:
+        os.link(src, path)
         return True
     except FileExistsError:
         return False
+    except OSError as err:
+        if err.errno not in NO_HARD_LINKS:
+            raise
+    data = src.read_bytes()
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
     finally:
-        tmp.unlink(missing_ok=True)
+        os.close(fd)
+    return True
 
 
 def _remove_stale(path: Path, judged: dict) -> bool:
@@ -211,9 +243,7 @@ def _remove_stale(path: Path, judged: dict) -> bool:
     if taken is not None and taken.get("token") == judged.get("token"):
         aside.unlink(missing_ok=True)
         return True
-    try:  # someone claimed it between our read and our rename: give it back
-        os.link(aside, path)
-    except FileExistsError:
+    if not _place(aside, path):  # someone claimed it between our read and our rename: give it back
         log.warning("a claim on %s was replaced while it was being taken over; two workers may train it "
                     "(records stay correct: both compute the same numbers)", path)
     aside.unlink(missing_ok=True)
