@@ -17,7 +17,10 @@ a claim is *stale*, and the next worker takes it over with a warning:
 
 The lock file is written whole under a temporary name and hard-linked into place: ``link`` fails
 when the name exists (as ``O_CREAT | O_EXCL`` does) and is atomic on NFS too, and no reader ever
-sees a half-written claim. A stale claim is taken over by renaming it to a private name first, so of
+sees a half-written claim. Where the file system has no hard links (Colab's Google Drive mount
+answers ``link`` with ENOSYS, other FUSE mounts with EOPNOTSUPP), the claim is made by an exclusive
+create (``O_CREAT | O_EXCL``) and filled at once; a claim still empty or unparsable
+``UNREADABLE_GRACE_S`` after it appeared names no worker and is stale. A stale claim is taken over by renaming it to a private name first, so of
 two workers that found it stale only one removes it; the other finds the renamed file is not the
 claim it judged and puts it back.
 
@@ -28,6 +31,7 @@ record.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -42,6 +46,9 @@ log = logging.getLogger(__name__)
 SUFFIX = ".claim"
 HEARTBEAT_S = 60.0  # how often a held claim is touched
 STALE_AFTER_S = 600.0  # a claim of another host untouched this long belongs to a dead worker
+# an empty or unparsable claim names no worker to wait for: stale as soon as it is older than
+# the moment an exclusive create (where hard links fail) takes between creating and filling it
+UNREADABLE_GRACE_S = 2.0
 
 
 def claim_path(store: str | Path, config_hash: str) -> Path:
@@ -68,6 +75,8 @@ def owner() -> dict:
 
 
 def describe(info: dict) -> str:
+    if info.get("unreadable"):
+        return f"an unreadable claim file ({'empty' if not info.get('token') else 'not a claim this module wrote'})"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("time", 0)))
     job = f", job {info['job_id']}" if info.get("job_id") else ""
     return f"{info.get('host', '?')} pid {info.get('pid', '?')}{job} since {since}"
@@ -86,8 +95,12 @@ def _read(path: Path) -> dict | None:
         return None
     try:
         info = json.loads(text)
-    except json.JSONDecodeError:  # never written by this module (claims appear whole): treat as foreign
-        info = {"host": "?", "pid": None, "time": 0.0, "token": text}
+    except json.JSONDecodeError:
+        info = None
+    if not isinstance(info, dict) or not {"host", "token"} <= set(info):
+        # empty, cut short or foreign: its raw text stands for its token, so that a takeover
+        # removes this very file and not a claim written in its place meanwhile
+        info = {"unreadable": True, "host": None, "pid": None, "token": text}
     return {**info, "age_s": age}
 
 
@@ -104,6 +117,8 @@ def _pid_alive(pid: int) -> bool:
 def is_stale(info: dict, stale_after_s: float | None = None) -> bool:
     """Whether the worker of claim ``info`` is gone (module docstring)."""
     stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
+    if info.get("unreadable"):
+        return info["age_s"] > UNREADABLE_GRACE_S
     mine = owner()
     if info.get("job_id") and info["job_id"] == mine["job_id"] and info.get("attempt", 0) < mine["attempt"]:
         return True  # this job's earlier attempt (requeued after a time limit or preemption)
@@ -175,17 +190,45 @@ def try_claim(store: str | Path, config_hash: str, stale_after_s: float | None =
     raise RuntimeError(f"could not claim run {config_hash} in {store}: its claim {path} kept changing")
 
 
+# what os.link raises on a file system without hard links: Colab's Google Drive mount answers
+# ENOSYS, other FUSE and network mounts EOPNOTSUPP / ENOTSUP or EPERM
+NO_HARD_LINKS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM})
+
+
 def _create(path: Path, info: dict) -> bool:
-    """Put a complete claim file at ``path`` unless one is there (atomic: a hard link)."""
+    """Put a complete claim file at ``path`` unless one is there (``_place``)."""
     tmp = path.with_name(f".{path.name}.{info['token']}.tmp")
     tmp.write_text(json.dumps(info))
     try:
-        os.link(tmp, path)
+        return _place(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _place(src: Path, path: Path) -> bool:
+    """Give ``path`` the contents of ``src`` unless ``path`` exists; False if it does. Atomic
+    either way: a hard link where the file system has them (readers never see a half-written
+    claim), else an exclusive create (``O_CREAT | O_EXCL``) filled at once, which a reader may
+    see empty for that moment (``UNREADABLE_GRACE_S``)."""
+    try:
+        os.link(src, path)
         return True
     except FileExistsError:
         return False
+    except OSError as err:
+        if err.errno not in NO_HARD_LINKS:
+            raise
+    data = src.read_bytes()
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
     finally:
-        tmp.unlink(missing_ok=True)
+        os.close(fd)
+    return True
 
 
 def _remove_stale(path: Path, judged: dict) -> bool:
@@ -200,9 +243,7 @@ def _remove_stale(path: Path, judged: dict) -> bool:
     if taken is not None and taken.get("token") == judged.get("token"):
         aside.unlink(missing_ok=True)
         return True
-    try:  # someone claimed it between our read and our rename: give it back
-        os.link(aside, path)
-    except FileExistsError:
+    if not _place(aside, path):  # someone claimed it between our read and our rename: give it back
         log.warning("a claim on %s was replaced while it was being taken over; two workers may train it "
                     "(records stay correct: both compute the same numbers)", path)
     aside.unlink(missing_ok=True)

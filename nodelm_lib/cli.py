@@ -11,6 +11,8 @@ Subcommands:
   tables    rewrite the generated tables of the docs pages (and README) from results/
   reproduce run notebooks in turn (``make <nb>``), timing each into results/reproduce_<profile>.json
             and .csv, between two CPU probes (``make reproduce``)
+  store     check a run store: every record is what its name says (``store check DIR``); move bad
+            files aside so that their runs train again (``store quarantine DIR``)
   cpu       how much of one core's speed this (shared) machine gives now; ``make reproduce``
             measures it before and after, to read its timings by
 """
@@ -38,6 +40,9 @@ def _train(args: argparse.Namespace) -> int:
         tc = dataclasses.replace(tc, model=model_preset(args.preset, arch, vocab_size=tc.model.vocab_size,
                                                         dropout=tc.model.dropout))
     tc = apply_overrides(tc, args.set)
+    if args.resume:
+        tc = dataclasses.replace(tc, resume=True)
+    check_out_dir(tc, args.overwrite)
     rec = train(tc)
     if not launch_context().is_main:  # the other ranks of a torchrun launch computed the same record
         return 0
@@ -47,6 +52,20 @@ def _train(args: argparse.Namespace) -> int:
     print(f"{tc.model.arch} seed {tc.seed} ({rec.config_hash}): {final}; "
           f"{rec.tokens_per_s:.0f} tokens/s, {rec.wall_time_s:.1f} s")
     return 0
+
+
+def check_out_dir(tc: TrainConfig, overwrite: bool) -> None:
+    """Refuse to train into an ``out_dir`` that holds a checkpoint unless told what to do with
+    it: continue it (``--resume``) or start again from step 0 over it (``--overwrite``)."""
+    from .train import CHECKPOINT_NAME
+
+    if tc.out_dir is None or tc.resume or overwrite:
+        return
+    checkpoint = Path(tc.out_dir) / CHECKPOINT_NAME
+    if checkpoint.exists():
+        raise ValueError(f"out_dir {tc.out_dir} holds a checkpoint ({checkpoint}); training into it would start at "
+                         "step 0 and overwrite it. Pass --resume (or --set resume=true) to continue that run, or "
+                         "--overwrite to start again from step 0")
 
 
 def _tokenizer_of(model, override: str | None, data_dir: str | None):
@@ -154,6 +173,24 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0 if record.status == "done" else 1
 
 
+def _store(args: argparse.Namespace) -> int:
+    from .integrity import check_store, quarantine, store_files
+
+    checked = len(store_files(args.store, args.checkpoints))
+    if args.action == "check":
+        problems = check_store(args.store, args.checkpoints)
+        for _, problem in problems:
+            print(f"bad: {problem}")
+        print(f"{checked} file(s) checked, {len(problems)} bad" +
+              (f"; `python -m nodelm_lib store quarantine` moves them aside" if problems else ""))
+        return 1 if problems else 0
+    moved = quarantine(args.store, args.checkpoints)
+    for path, target, problem in moved:
+        print(f"moved {path} -> {target}: {problem}")
+    print(f"{checked} file(s) checked, {len(moved)} moved aside; the runs they stood for train again when next run")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m nodelm_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -165,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. model.arch=hybrid (repeatable)")
     p.add_argument("--record", help="write the run record JSON here")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--resume", action="store_true",
+                      help="continue the run from the checkpoint in out_dir (as --set resume=true)")
+    what.add_argument("--overwrite", action="store_true",
+                      help="start again from step 0 even though out_dir holds a checkpoint (it is replaced)")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("generate", help="sample text from a saved model, printed as it is generated")
@@ -204,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=".", help="repository root (Makefile, results/)")
     p.add_argument("--probe-seconds", type=float, default=10.0, help="length of each CPU probe")
     p.set_defaults(func=_reproduce)
+
+    p = sub.add_parser("store", help="check a run store's records (and checkpoints); move bad ones aside")
+    p.add_argument("action", choices=("check", "quarantine"),
+                   help="check: list every bad file (exit 1 if any); quarantine: move them under quarantine/")
+    p.add_argument("store", nargs="?", help="a folder of run records, e.g. results/runs/cpu (sub-folders too)")
+    p.add_argument("--checkpoints", help="also check every *.pt below this folder (e.g. checkpoints/runs)")
+    p.set_defaults(func=_store)
 
     p = sub.add_parser("cpu", help="how much of one core's speed this machine gives now (a shared VM reads < 1)")
     p.add_argument("--seconds", type=float, default=10.0, help="how long to measure")

@@ -411,6 +411,21 @@ def token_cache_path(corpus: str, split: str, tokenizer: str, text: str, cache_d
     return cache_dir / f"{corpus}-{split}-{tokenizer}-{key[:20]}.npy"
 
 
+def _read_token_cache(path: Path) -> np.ndarray | None:
+    """The token ids cached at ``path``, or None (with a warning naming the file) where it is
+    cut short, corrupt or not a 1-D integer array: the caller tokenises again and replaces it."""
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        problem = f"unreadable ({type(err).__name__}: {err})"
+    else:
+        if ids.ndim == 1 and np.issubdtype(ids.dtype, np.integer):
+            return ids
+        problem = f"not a 1-D integer array (shape {ids.shape}, dtype {ids.dtype})"
+    log.warning("token cache %s is %s; tokenising again and replacing it", path, problem)
+    return None
+
+
 def load_tokens(corpus: str, split: str, tokenizer: str = "char", data_dir=None,
                 cache_dir=None, variant=None) -> np.ndarray:
     """One split as a 1-D array of token ids (uint16 when the vocabulary fits, else
@@ -420,8 +435,10 @@ def load_tokens(corpus: str, split: str, tokenizer: str = "char", data_dir=None,
     text = load_text(corpus, split, data_dir=data_dir, variant=variant)
     path = token_cache_path(corpus, split, tokenizer, text, cache_dir)
     if path.is_file():
-        log.info("%s/%s/%s: token cache hit %s", corpus, split, tokenizer, path)
-        return np.load(path)
+        cached = _read_token_cache(path)
+        if cached is not None:
+            log.info("%s/%s/%s: token cache hit %s", corpus, split, tokenizer, path)
+            return cached
     tok = get_tokenizer(tokenizer, data_dir=data_dir)
     ids = tok.encode_array(text)
     atomic_write(path, lambda f: np.save(f, ids))

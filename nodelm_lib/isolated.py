@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -31,7 +32,7 @@ PARENT_ENV = "NODELM_PARENT_PID"
 
 def train_in_subprocess(tc: TrainConfig, out_dir: Path, threads: int | None = None) -> RunRecord:
     """``train(tc)`` in a fresh interpreter (with ``threads`` torch threads, if given); its
-    output goes to ``out_dir/train.log``."""
+    output is appended to ``out_dir/train.log`` (a header line per attempt)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     config_file = out_dir / "config.json"
     atomic_write_text(config_file, json.dumps(to_dict(dataclasses.replace(tc, progress=False))))
@@ -41,7 +42,10 @@ def train_in_subprocess(tc: TrainConfig, out_dir: Path, threads: int | None = No
     env[PARENT_ENV] = str(os.getpid())
     if threads is not None:
         env.update({THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads)})
-    with open(log, "w") as log_file:
+    with open(log, "a") as log_file:  # appended: a resumed run's log keeps its earlier attempts
+        log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}: run {tc.config_hash()} ({tc.model.arch}, seed "
+                       f"{tc.seed}), {tc.max_steps} steps\n")
+        log_file.flush()
         child = subprocess.Popen([sys.executable, "-m", "nodelm_lib.isolated", str(config_file)],
                                  stdout=log_file, stderr=subprocess.STDOUT, env=env)
         try:
@@ -82,6 +86,7 @@ def stop_when_parent_dies(parent_pid: int, poll_s: float = 1.0) -> threading.Thr
 def main(argv: list[str] | None = None) -> int:
     """``python -m nodelm_lib.isolated CONFIG.json``: one training run (``run(isolate=True)``'s child)."""
     (config_file,) = argv if argv is not None else sys.argv[1:]
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # into train.log: "resumed from step N"
     if os.environ.get(PARENT_ENV):
         stop_when_parent_dies(int(os.environ[PARENT_ENV]))
     if os.environ.get(THREADS_ENV):

@@ -320,6 +320,22 @@ def require_columns(df: pd.DataFrame, columns: Iterable[str]) -> None:
         raise ValueError(f"columns {missing} not in the data frame (it has {list(df.columns)})")
 
 
+def check_one_run_per_seed(df: pd.DataFrame, arm: str = "arm", seed: str = "seed") -> None:
+    """ValueError naming every arm with more than one row for a seed (and those rows' config
+    hashes where ``df`` has them): each arm is trained once per seed, and a second row (a record
+    copied under another run's name, a run listed twice) would count one seed twice and break
+    the pairing by seed."""
+    twice = df[df.duplicated([arm, seed], keep=False)]
+    if twice.empty:
+        return
+    found = []
+    for name, rows in twice.groupby(arm, sort=False):
+        runs = f" (runs {', '.join(map(str, rows['config_hash']))})" if "config_hash" in rows else ""
+        found.append(f"arm {name!r} has more than one run for seeds {sorted(rows[seed].unique().tolist())}{runs}")
+    raise ValueError(f"{'; '.join(found)}. Each arm has one run per seed: drop the duplicate rows, or look for "
+                     "copied records in the store (python -m nodelm_lib store check <store>)")
+
+
 def _arms_in_order(df: pd.DataFrame, arm: str) -> list:
     return list(pd.unique(df[arm]))
 
@@ -366,6 +382,7 @@ def compare_arms(
     unless ``allow_missing=True``, when only the seeds present in both are used.
     """
     require_columns(df, [arm, seed, metric])
+    check_one_run_per_seed(df, arm, seed)
     arms = _arms_in_order(df, arm)
     if reference not in arms:
         raise ValueError(f"unknown reference arm {reference!r}; valid arms are {arms}")
@@ -447,8 +464,12 @@ def summary_table(
     arm: str = "arm",
     order: Sequence | None = None,
     confidence: float = 0.95,
+    seed: str = "seed",
 ) -> pd.DataFrame:
     """One row per arm: ``n`` (runs) and ``<metric>_mean``, ``<metric>_ci``, ``<metric>_sd``.
+
+    Where ``df`` has a ``seed`` column, two rows of one (arm, seed) are an error
+    (``check_one_run_per_seed``).
 
     ``<metric>_ci`` is the :func:`mean_ci` half width ``t_{(1+c)/2, n-1} sd / sqrt(n)``.
     Rows follow ``order`` if given (a subset of the arms is allowed), else first
@@ -458,6 +479,8 @@ def summary_table(
     if isinstance(metrics, str):
         metrics = [metrics]
     require_columns(df, [arm, *metrics])
+    if seed in df.columns:
+        check_one_run_per_seed(df, arm, seed)
     arms = _arms_in_order(df, arm)
     if order is not None:
         unknown = [a for a in order if a not in arms]

@@ -27,6 +27,7 @@ from . import claims
 from .config import TrainConfig
 from .distributed import launch_context
 from .files import atomic_write_text
+from .integrity import read_evaluations_file, verify_record
 from .isolated import train_in_subprocess
 from .records import recount_flops
 from .train import CHECKPOINT_NAME, RunRecord, train, with_tokenizer_vocab
@@ -125,7 +126,7 @@ def read_evaluations(record: RunRecord, store: str | Path = DEFAULT_STORE) -> di
     path = evaluations_path(store, record.config_hash)
     if not path.exists():
         return {}
-    data = json.loads(path.read_text())
+    data = read_evaluations_file(path)
     if data.get("final_val_loss") != record.final.get("val_loss"):
         log.warning("%s: evaluations of another training of this run (final val loss %s, the record's %s); "
                     "ignored", path, data.get("final_val_loss"), record.final.get("val_loss"))
@@ -149,10 +150,13 @@ def load_records(store: str | Path = DEFAULT_STORE) -> list[RunRecord]:
 
 
 def read_record(path: str | Path) -> RunRecord:
-    """The record at ``path``. A finished record whose FLOPs were counted at another batch than
+    """The record at ``path``, verified (``integrity.verify_record``: a file named like a hash
+    holds that hash's record, which is the hash of its config; a ``RecordError`` names the file,
+    what disagrees and what to do). A finished record whose FLOPs were counted at another batch than
     its training's (written before the count took the batch: ``records.recount_flops``) is
     counted again and written back, once, so every table of a store compares the same count."""
     record = RunRecord.from_json(path)
+    verify_record(record, path)
     if record.status in ("completed", "failed") and recount_flops(record):
         record.to_json(path)
         log.info("%s: FLOPs per token counted again at the training batch (%d sequences)", path,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import platform
@@ -43,18 +44,20 @@ import numpy as np
 import torch
 from tqdm import tqdm  # text bar everywhere: tqdm.auto warns without ipywidgets
 
-from . import __version__, distributed
+from . import __version__, distributed, integrity
 from .config import TrainConfig, from_dict, to_dict
 from .data import fixed_batches, get_tokenizer, load_tokens, sample_batch, split_windows
 from .distributed import SINGLE, Context
 from .files import atomic_write, atomic_write_text
 from .losses import release_kept_buffers
-from .checkpoints import read_checkpoint
+from .checkpoints import load_torch_file, read_checkpoint
 from .models import CausalLM, build_model
 from .profiling import cpu_description, forward_flops_per_token, keep_freed_memory, saved_tensor_bytes
 
 CHECKPOINT_NAME = "checkpoint.pt"
 RECORD_NAME = "record.json"
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteError(RuntimeError):
@@ -101,18 +104,25 @@ class RunRecord:
         return from_dict(TrainConfig, self.config)
 
     def to_json(self, path: str | Path | None = None) -> str:
+        """The record as JSON, with a digest of its contents (``integrity.digest``) that
+        ``from_json`` checks; written atomically to ``path`` if given."""
         stored = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("stored", True)}
-        text = json.dumps(stored, indent=1)
+        text = json.dumps({**stored, integrity.DIGEST_KEY: integrity.digest(stored)}, indent=1)
         if path is not None:
             atomic_write_text(path, text)
         return text
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> "RunRecord":
-        text = str(text_or_path)
+        """The record in JSON text or a file; ``integrity.RecordError`` naming the file where it
+        is not readable JSON, not a record, or changed since it was written (its digest)."""
+        text, path = str(text_or_path), None
         if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        return cls(**json.loads(text))
+            path = Path(text_or_path)
+            text = path.read_text()
+        fields = [f for f in dataclasses.fields(cls) if f.metadata.get("stored", True)]
+        required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        return cls(**integrity.parse_record(text, path, [f.name for f in fields], required))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -419,7 +429,7 @@ def load_training_state(path: Path, model, optimizer, batch_gen: torch.Generator
     """Restore a run from ``path``, written by any number of processes; returns the number of
     steps already done. In a data-parallel run (``ctx``) every rank reads the same replicated
     state, and rank r > 0 its own random state (``distributed.restore_rng_state``)."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_torch_file(path, "checkpoint")
     if state["config_hash"] != record.config_hash:
         raise ValueError(
             f"checkpoint {path} belongs to config {state['config_hash']}, not {record.config_hash}; "
@@ -538,6 +548,10 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     start = 0
     if tc.resume and ckpt_path is not None and ckpt_path.exists():
         start = load_training_state(ckpt_path, model, optimizer, batch_gen, record, ctx, device)
+        log.info("%s seed %d (%s): resumed from step %d of %d (%s)", tc.model.arch, tc.seed, record.config_hash,
+                 start, tc.max_steps, ckpt_path)
+    elif ckpt_path is not None and ckpt_path.exists() and ctx.is_main:
+        log.warning("%s holds a checkpoint, but resume=False: this run starts at step 0 and replaces it", ckpt_path)
     if start == 0:
         record.evals.append({"step": 0, "val_loss": evaluate(model, val_batches, device, autocast, ctx),
                              "train_time_s": 0.0})

@@ -1,0 +1,79 @@
+"""Claims on a file system without hard links (Colab's Drive mount answers os.link with ENOSYS,
+other FUSE mounts with EOPNOTSUPP): made by exclusive create, with the guarantees of test_claims.py."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import pytest
+
+import test_claims as with_links  # the same checks, run here with os.link failing
+from nodelm_lib import claims
+
+# every test of test_claims.py that creates, takes over or puts back a claim file
+GUARANTEES = ["test_one_holder_at_a_time_and_the_claim_says_who", "test_of_many_simultaneous_claimants_exactly_one_wins",
+              "test_a_dead_workers_claim_is_taken_over_with_a_warning", "test_a_live_worker_on_this_host_keeps_its_claim",
+              "test_another_hosts_claim_is_stale_once_its_heartbeat_stops", "test_a_held_claim_beats_and_notices_a_takeover"]
+
+
+@pytest.fixture(params=[errno.ENOSYS, errno.EOPNOTSUPP], ids=["ENOSYS", "EOPNOTSUPP"])
+def no_hard_links(request, monkeypatch) -> list:
+    """``os.link`` failing as on a file system without hard links; returns the calls it got."""
+    calls = []
+
+    def refuse(src, dst, *args, **kwargs):
+        calls.append((src, dst))
+        raise OSError(request.param, os.strerror(request.param), str(src), None, str(dst))
+
+    monkeypatch.setattr(os, "link", refuse)
+    return calls
+
+
+@pytest.mark.parametrize("name", GUARANTEES)
+def test_the_claim_guarantees_hold_without_hard_links(no_hard_links, name, tmp_path, request):
+    test = getattr(with_links, name)
+    kwargs = {"tmp_path": tmp_path}
+    if "caplog" in test.__code__.co_varnames[:test.__code__.co_argcount]:
+        kwargs["caplog"] = request.getfixturevalue("caplog")
+    test(**kwargs)
+    assert no_hard_links  # the hard link was tried, refused, and the exclusive create took over
+
+
+def test_an_exclusive_create_never_replaces_a_claim(no_hard_links, tmp_path):
+    first = claims.try_claim(tmp_path, "abc")
+    assert first is not None and claims.read_claim(tmp_path, "abc")["token"] == first.info["token"]
+    assert claims.try_claim(tmp_path, "abc") is None and first.held()
+    first.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no temporary files left
+
+
+def test_a_stale_claim_taken_over_by_two_workers_is_removed_once(no_hard_links, tmp_path, monkeypatch):
+    with_links.plant(tmp_path, "abc", host="node-elsewhere", pid=1)
+    old = os.path.getmtime(claims.claim_path(tmp_path, "abc")) - 3600
+    os.utime(claims.claim_path(tmp_path, "abc"), (old, old))
+    start = threading.Barrier(4)
+    won = []
+
+    def claimant():
+        start.wait()
+        claim = claims.try_claim(tmp_path, "abc", stale_after_s=600)
+        if claim is not None:
+            won.append(claim)
+
+    threads = [threading.Thread(target=claimant) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and won[0].held()
+
+
+def test_other_link_errors_are_not_taken_for_a_missing_feature(tmp_path, monkeypatch):
+    def no_space(src, dst, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "link", no_space)
+    with pytest.raises(OSError, match="No space left"):
+        claims.try_claim(tmp_path, "abc")
