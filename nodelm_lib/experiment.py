@@ -447,3 +447,67 @@ def select_lr_refined(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs, s
     return select_lr(base, arms, grids, seed, **options)
 
 
+
+
+def sweep_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection=None
+                  ) -> list[tuple[str, int, TrainConfig]]:
+    """(arm, seed, config) of every run ``sweep`` trains with these arguments."""
+    return _selected_arm_configs(base, arms, seeds, lr_selection)[0]
+
+
+def _selected_arm_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection
+                          ) -> tuple[list[tuple[str, int, TrainConfig]], dict[str, float] | None]:
+    """``arm_configs`` with each arm at its selected learning rate (``base.lr`` where the
+    selection has none, which ``check_protocol`` then refuses), and the selection as a mapping;
+    without a selection, the arms as given and None."""
+    if lr_selection is None:
+        return arm_configs(base, arms, seeds), None
+    selected = selected_lrs(lr_selection)
+    arms = {name: {**overrides, "lr": selected.get(name, base.lr)} for name, overrides in arms.items()}
+    return arm_configs(base, arms, seeds), selected
+
+
+def selected_lrs(selection) -> dict[str, float]:
+    """arm -> selected learning rate, from ``select_lr``'s table (or a mapping, returned as is)."""
+    if isinstance(selection, Mapping):
+        return {str(k): float(v) for k, v in selection.items()}
+    missing = {"arm", "lr", "selected"} - set(selection.columns)
+    if missing:
+        raise ValueError(f"the learning-rate selection lacks column(s) {sorted(missing)}; pass select_lr's table")
+    chosen = selection[selection["selected"].astype(bool)]
+    counts = chosen["arm"].value_counts()
+    if (counts > 1).any():
+        raise ValueError(f"the selection chose several rates for arm(s) {sorted(counts[counts > 1].index)}")
+    return {str(arm): float(lr) for arm, lr in zip(chosen["arm"], chosen["lr"])}
+
+
+def rates_at_grid_edge(selection) -> dict[str, float]:
+    """arm -> selected rate, for every arm of ``select_lr``'s table whose selected rate is the lowest
+    or the highest it was trained at (with more than one rate): its best may lie outside the grid,
+    which should then be widened on that side. Empty when every choice is inside its grid."""
+    chosen = selected_lrs(selection)
+    edges = {}
+    for arm, rates in selection.groupby("arm", sort=False)["lr"]:
+        if arm in chosen and rates.nunique() > 1 and chosen[arm] in (rates.min(), rates.max()):
+            edges[str(arm)] = chosen[arm]
+    return edges
+
+
+def curves(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int],
+           store: str | Path = DEFAULT_STORE, lr_selection=None) -> pd.DataFrame:
+    """Validation curves of a finished sweep, long format: arm, seed, step, tokens,
+    train_flops (cumulative training FLOPs: 3x the forward FLOPs per token, for forward and
+    backward, times the tokens so far), train_time_s, val_loss (one row per evaluation).
+    ``lr_selection`` as given to ``sweep``. Missing runs raise."""
+    import pandas as pd
+
+    rows = []
+    for name, seed, tc in _selected_arm_configs(base, arms, seeds, lr_selection)[0]:
+        record = stored_record(tc, store)
+        if record is None:
+            raise FileNotFoundError(f"no finished record of arm {name!r} seed {seed} in {store}; run the sweep first")
+        tokens_per_step = tc.batch_size * tc.seq_len
+        rows += [{"arm": name, "seed": seed, "step": e["step"], "tokens": e["step"] * tokens_per_step,
+                  "train_flops": TRAIN_FLOPS_PER_FORWARD_FLOP * record.flops_per_token * e["step"] * tokens_per_step,
+                  "train_time_s": e.get("train_time_s", math.nan), "val_loss": e["val_loss"]} for e in record.evals]
+    return pd.DataFrame(rows)
