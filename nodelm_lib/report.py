@@ -88,8 +88,9 @@ def pending_note(profile: str) -> str:
     """The first cell of a notebook page not yet executed with ``profile``: the committed notebook,
     whose outputs must not be read as results."""
     return (f"> **Outputs on this page: the `smoke` profile**, the committed notebook's, which only check "
-            f"that it runs (nbval); they are not results. Its `{profile}` outputs come later, when its "
-            f"`{profile}` run is committed; the `{profile}` results are on the Results pages.")
+            f"that it runs (nbval); they are not results. Its `{profile}` outputs come later "
+            f"(`make docs-notebooks` makes this page from a `{profile}` run); the `{profile}` results "
+            f"are on the Results pages.")
 
 
 def notebook_page(source: str | Path, dest: str | Path, note: str) -> Path:

@@ -82,3 +82,17 @@ def test_the_api_index_names_every_public_name():
     index = (DOCS / "api" / "index.md").read_text()
     missing = [name for name in nl.__all__ if f"`nl.{name}`" not in index]
     assert not missing, missing
+
+
+@pytest.mark.slow
+def test_the_readme_quickstart_runs(tmp_path, monkeypatch, capsys):
+    """The quickstart a newcomer pastes first: build, train briefly, odeint with a gradient
+    method, generate. (docs/index.md shows the same block.)"""
+    readme = (REPO / "README.md").read_text()
+    code = re.search(r"## Quickstart\n\n```python\n(.*?)```", readme, re.S).group(1)
+    assert code in (DOCS / "index.md").read_text()
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(code, "README.md quickstart", "exec"), namespace)
+    assert namespace["out"].shape == (1, 6 + 32) and namespace["x0"].grad is not None
+    assert namespace["rec"].final["val_loss"] < 5.6  # below a uniform guess over 256 bytes (ln 256)
