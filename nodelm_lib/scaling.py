@@ -151,6 +151,21 @@ def lr_grids(centers: Mapping[str, float], cells: Iterable[str], factors: Iterab
     return grids
 
 
+def selection_summary(selection: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell of ``select_lr``'s table: arm, width, the rates searched, the chosen rate,
+    its mean validation loss over the selection seeds, the margin to the runner-up (with the SD of
+    that difference over seeds, NaN with one seed) and whether the choice is an edge of its grid
+    (its best may lie beyond: ``lr_refinements`` grows such grids)."""
+    grids, edges = experiment.selection_grids(selection), experiment.rates_at_grid_edge(selection)
+    chosen = selection[selection["selected"].astype(bool)]
+    rows = [{"cell": row["arm"], "rates": " ".join(f"{lr:g}" for lr in grids[row["arm"]]), "lr": row["lr"],
+             "val_loss": row["val_loss"], "margin": row.get("margin", math.nan),
+             "margin_sd": row.get("margin_sd", math.nan), "at_edge": row["arm"] in edges}
+            for _, row in chosen.iterrows()]
+    out = pd.DataFrame(rows).rename(columns={"cell": "arm"})
+    return with_cells(out).drop(columns="cell")
+
+
 # --------------------------------------------------------------------------- runs
 
 
@@ -357,9 +372,9 @@ def _iso_table(fitted, boot, targets, tests, reference) -> pd.DataFrame:
 # --------------------------------------------------------------------------- time
 
 
-# process start-up of an isolated run (interpreter, torch, data), which records do not time: an
-# assumption, not a measurement
-STARTUP_S = 5.0
+# process start-up of an isolated run, which its record does not time: the interpreter, torch and the
+# tokenised data took 2.2-2.6 s of CPU on the 2-core EPYC (2026-11-26); 3 s allowed
+STARTUP_S = 3.0
 
 
 def _run_key(config: dict, width: bool = True) -> str:
@@ -434,6 +449,21 @@ def step_seconds(configs: list[TrainConfig], timing_store) -> pd.DataFrame:
         rows.append({"s_per_step": float(same.loc[same["key"] == near["key"], "s_per_step"].median()) * scale,
                      "source": f"{whose} at d={int(near['width'])} scaled by FLOPs (fixed share {share:.2f})"})
     return pd.DataFrame(rows)
+
+
+def format_time_estimate(totals: pd.DataFrame, workers: int) -> str:
+    """``time_estimate``'s totals as lines to print."""
+    from .estimate import format_seconds
+
+    def when(seconds: float) -> str:
+        return "unknown (no record to time it by)" if not math.isfinite(seconds) else format_seconds(seconds)
+
+    lines = [f"{row['phase']}: {row['runs']} runs, {when(row['empty_store_s'])} from an empty store; "
+             f"{row['runs_to_train']} not in the store, {when(row['this_store_s'])}" for _, row in totals.iterrows()]
+    # skipna=False: a phase that cannot be timed leaves the total unknown, not 0
+    lines.append(f"total, {workers} run(s) at a time: {when(totals['empty_store_s'].sum(skipna=False))} from an "
+                 f"empty store, {when(totals['this_store_s'].sum(skipna=False))} with this store's runs")
+    return "\n".join(lines)
 
 
 def makespan(seconds: Iterable[float], workers: int) -> float:
