@@ -105,7 +105,8 @@ class Trend:
 def _positive(x, name: str) -> np.ndarray:
     x = np.asarray(x, dtype=float)
     if not np.all(np.isfinite(x)) or np.any(x <= 0):
-        raise ValueError(f"{name} must be finite and > 0 (a count of parameters or FLOPs), got {x.ravel()[:8].tolist()}")
+        raise ValueError(f"{name} must be finite and > 0 (a count of parameters or FLOPs), "
+                         f"got {x.ravel()[:8].tolist()}")
     return x
 
 

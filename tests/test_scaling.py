@@ -264,7 +264,8 @@ def test_grids_are_02s_rates_to_the_bit():
 def fake_record(tc: nl.TrainConfig, seconds_per_step: float, steps: int = 10) -> RunRecord:
     tc = with_tokenizer_vocab(tc)
     return RunRecord(config=nl.config.to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
-                     metrics=[{}] * steps, wall_time_s=seconds_per_step * steps, train_time_s=0.9 * seconds_per_step * steps,
+                     metrics=[{}] * steps, wall_time_s=seconds_per_step * steps,
+                     train_time_s=0.9 * seconds_per_step * steps,
                      environment={"cpu_capability": "AVX2"})
 
 
