@@ -151,6 +151,21 @@ def lr_grids(centers: Mapping[str, float], cells: Iterable[str], factors: Iterab
     return grids
 
 
+def selection_summary(selection: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell of ``select_lr``'s table: arm, width, the rates searched, the chosen rate,
+    its mean validation loss over the selection seeds, the margin to the runner-up (with the SD of
+    that difference over seeds, NaN with one seed) and whether the choice is an edge of its grid
+    (its best may lie beyond: ``lr_refinements`` grows such grids)."""
+    grids, edges = experiment.selection_grids(selection), experiment.rates_at_grid_edge(selection)
+    chosen = selection[selection["selected"].astype(bool)]
+    rows = [{"cell": row["arm"], "rates": " ".join(f"{lr:g}" for lr in grids[row["arm"]]), "lr": row["lr"],
+             "val_loss": row["val_loss"], "margin": row.get("margin", math.nan),
+             "margin_sd": row.get("margin_sd", math.nan), "at_edge": row["arm"] in edges}
+            for _, row in chosen.iterrows()]
+    out = pd.DataFrame(rows).rename(columns={"cell": "arm"})
+    return with_cells(out).drop(columns="cell")
+
+
 # --------------------------------------------------------------------------- runs
 
 
@@ -245,7 +260,7 @@ def _trend_values(points: pd.DataFrame, forms: dict, targets: pd.DataFrame, refe
         col = AXES[axis][0]
         g = points[(points["arm"] == arm) & np.isfinite(points[metric].astype(float))]
         if g[col].nunique() < 2:
-            continue  # a resample cannot lose widths (seeds are drawn, not runs); kept for safety
+            continue  # a resample whose seeds' runs at all but one width failed: no trend there
         t = trends.fit_form(g[col].astype(float), g[metric].astype(float), form)
         for key, v in t.params.items():
             values[(axis, arm, key, 0)] = v
@@ -288,18 +303,20 @@ def analyse(points: pd.DataFrame, reference: str = "gpt", equivalence_margin: fl
                             n_boot=n_boot, confidence=confidence, rng=rng)
     pseudo = trends.jackknife(points, lambda p: _trend_values(p, forms, targets, reference, metric))
     tests = _iso_tests(pseudo, fitted, targets, reference, equivalence_margin)
-    return Analysis(_fits_table(fitted, boot, targets), _iso_table(fitted, boot, targets, tests, reference),
+    return Analysis(_fits_table(fitted, boot), _iso_table(fitted, boot, targets, tests, reference),
                     tests, fitted, boot)
 
 
 def _boot_row(boot: pd.DataFrame, key: tuple) -> dict:
+    """The estimate and interval of one bootstrapped number as column suffixes ("", "_ci_low",
+    "_ci_high"); NaN where the number does not exist (E of a log-linear trend)."""
     if key not in boot.index:
         return {"": math.nan, "_ci_low": math.nan, "_ci_high": math.nan}
     b = boot.loc[key]
     return {"": b["estimate"], "_ci_low": b["ci_low"], "_ci_high": b["ci_high"]}
 
 
-def _fits_table(fitted: dict, boot: pd.DataFrame, targets: pd.DataFrame) -> pd.DataFrame:
+def _fits_table(fitted: dict, boot: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (axis, arm), t in fitted.items():
         row = {"axis": AXES[axis][1], "arm": arm, "form": t.form, "why": t.reason, "sizes": t.n_x,
@@ -357,9 +374,9 @@ def _iso_table(fitted, boot, targets, tests, reference) -> pd.DataFrame:
 # --------------------------------------------------------------------------- time
 
 
-# process start-up of an isolated run (interpreter, torch, data), which records do not time: an
-# assumption, not a measurement
-STARTUP_S = 5.0
+# process start-up of an isolated run, which its record does not time: the interpreter, torch and the
+# tokenised data took 2.2-2.6 s of CPU on the 2-core EPYC (2026-11-26); 3 s allowed
+STARTUP_S = 3.0
 
 
 def _run_key(config: dict, width: bool = True) -> str:
@@ -434,6 +451,21 @@ def step_seconds(configs: list[TrainConfig], timing_store) -> pd.DataFrame:
         rows.append({"s_per_step": float(same.loc[same["key"] == near["key"], "s_per_step"].median()) * scale,
                      "source": f"{whose} at d={int(near['width'])} scaled by FLOPs (fixed share {share:.2f})"})
     return pd.DataFrame(rows)
+
+
+def format_time_estimate(totals: pd.DataFrame, workers: int) -> str:
+    """``time_estimate``'s totals as lines to print."""
+    from .estimate import format_seconds
+
+    def when(seconds: float) -> str:
+        return "unknown (no record to time it by)" if not math.isfinite(seconds) else format_seconds(seconds)
+
+    lines = [f"{row['phase']}: {row['runs']} runs, {when(row['empty_store_s'])} from an empty store; "
+             f"{row['runs_to_train']} not in the store, {when(row['this_store_s'])}" for _, row in totals.iterrows()]
+    # skipna=False: a phase that cannot be timed leaves the total unknown, not 0
+    lines.append(f"total, {workers} run(s) at a time: {when(totals['empty_store_s'].sum(skipna=False))} from an "
+                 f"empty store, {when(totals['this_store_s'].sum(skipna=False))} with this store's runs")
+    return "\n".join(lines)
 
 
 def makespan(seconds: Iterable[float], workers: int) -> float:
@@ -595,10 +627,12 @@ def loss_figure(points: pd.DataFrame, fitted: dict, order: Iterable[str], refere
     n = int(points.groupby(["arm", "width"])["seed"].nunique().min())
     fig.suptitle(title or f"test loss against size and compute: mean ± {confidence:.0%} CI over {n} seeds (t); "
                           "lines: fitted trends")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(order), 4), frameon=False)
-    if outside:
-        fig.text(0.01, 0.005, "off the axes: " + ", ".join(outside), fontsize=7, color="dimgrey")
-    fig.tight_layout(rect=(0, 0.07 + 0.05 * (len(order) > 4), 1, 1))
+    rows = 1 + (len(order) > 4)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(order), 4), frameon=False,
+               bbox_to_anchor=(0.5, 0.03))
+    if outside:  # below the legend
+        fig.text(0.5, 0.005, "off the axes: " + ", ".join(outside), fontsize=7, color="dimgrey", ha="center")
+    fig.tight_layout(rect=(0, 0.06 + 0.05 * rows, 1, 1))
     return fig
 
 
@@ -607,6 +641,7 @@ def iso_figure(iso: pd.DataFrame, order: Iterable[str], margin: float, reference
     """Iso-parameter (left) and iso-FLOP (right) differences to ``reference`` across its widths:
     each arm's fitted loss at the reference's x minus the reference's, with the bootstrap CI;
     hollow markers are extrapolations. The shaded band is the equivalence margin."""
+    import matplotlib as mpl
     import matplotlib.pyplot as plt
 
     order = list(order)
@@ -628,8 +663,8 @@ def iso_figure(iso: pd.DataFrame, order: Iterable[str], margin: float, reference
                             markerfacecolor=color if inside else "none", label=arm if inside else None)
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.axhspan(-margin, margin, color="grey", alpha=0.15, linewidth=0, label=f"equivalence margin ±{margin:g}")
-        x_of = rows.groupby("width")["x"].first()
-        ax.set_xticks(range(len(widths)), [f"d={w}\n{x_of[w]:.3g}" for w in widths])
+        x_of, eng = rows.groupby("width")["x"].first(), mpl.ticker.EngFormatter(places=2, sep="")
+        ax.set_xticks(range(len(widths)), [f"d={w}\n{eng(x_of[w])}" for w in widths])
         ax.set_xlabel(f"{reference}'s width and its {label}" + (" [FLOP]" if axis == "flops" else " [count]"))
         ax.set_title(f"at equal {label}", fontsize=10)
     axes[0].set_ylabel(f"loss − {reference}'s ({loss_unit})")

@@ -105,7 +105,8 @@ class Trend:
 def _positive(x, name: str) -> np.ndarray:
     x = np.asarray(x, dtype=float)
     if not np.all(np.isfinite(x)) or np.any(x <= 0):
-        raise ValueError(f"{name} must be finite and > 0 (a count of parameters or FLOPs), got {x.ravel()[:8].tolist()}")
+        raise ValueError(f"{name} must be finite and > 0 (a count of parameters or FLOPs), "
+                         f"got {x.ravel()[:8].tolist()}")
     return x
 
 
@@ -245,12 +246,13 @@ def resample(points: pd.DataFrame, draw: Iterable, seed_col: str = "seed") -> pd
     """The rows of every seed of ``draw``, in order, relabelled 0..n-1 by their place in the draw
     (a seed drawn twice counts as two seeds)."""
     groups = points.groupby(seed_col, sort=False).indices
-    parts = []
-    for i, s in enumerate(draw):
-        if s not in groups:
-            raise ValueError(f"seed {s!r} is not in the points (seeds: {list(groups)})")
-        parts.append(points.iloc[groups[s]].assign(**{seed_col: i}))
-    return pd.concat(parts, ignore_index=True)
+    missing = [s for s in draw if s not in groups]
+    if missing:
+        raise ValueError(f"seed(s) {missing} not in the points (seeds: {list(groups)})")
+    rows = [groups[s] for s in draw]
+    out = points.iloc[np.concatenate(rows)].reset_index(drop=True)
+    out[seed_col] = np.repeat(np.arange(len(rows)), [len(r) for r in rows])
+    return out
 
 
 def t_interval(estimate, sd_boot, n_seeds: int, confidence: float = 0.95, exact: bool = True):
@@ -289,8 +291,8 @@ def jackknife(points: pd.DataFrame, statistic: Callable[[pd.DataFrame], pd.Serie
         raise ValueError(f"points have no {seed_col!r} column (columns: {list(points.columns)})")
     seeds = list(dict.fromkeys(points[seed_col]))
     n = len(seeds)
-    if n < 3:
-        raise ValueError(f"a jackknife over seeds needs at least 3 seeds (each refit keeps n - 1 >= 2), got {seeds}")
+    if n < 2:
+        raise ValueError(f"a jackknife over seeds needs at least 2 seeds, got {seeds}")
     full = statistic(points)
     without = pd.DataFrame({s: statistic(points[points[seed_col] != s]).reindex(full.index) for s in seeds}).T
     return n * full - (n - 1) * without
