@@ -35,7 +35,7 @@ def on_colab(monkeypatch):
 
 def test_every_notebook_has_the_same_install_cell():
     cells = {nb.name: install_cell(nb) for nb in NOTEBOOKS}
-    assert len(cells) == 6 and len(set(cells.values())) == 1, sorted(cells)
+    assert len(cells) == 7 and len(set(cells.values())) == 1, sorted(cells)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
