@@ -228,8 +228,9 @@ lab: setup
 
 # A wheel of the library alone (no notebooks, results or tests), for a runtime that cannot
 # reach your fork: upload it and set NODELM_SOURCE to its path in a notebook's first cell.
-wheel: setup
-	$(VPIP) wheel --no-deps --wheel-dir dist .
+# a pure-Python wheel needs pip and the network (pip builds it in isolation), not the dev environment
+wheel:
+	$(PYTHON) -m pip wheel --no-deps --wheel-dir dist .
 	@ls -1 dist/nodelm-*.whl
 
 # ---------------------------------------------------------------- cleaning

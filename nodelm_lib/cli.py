@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -86,14 +87,16 @@ def _generate(args: argparse.Namespace) -> int:
 
     from .checkpoints import load_model
     from .generation import generate
+    from .train import resolve_device
 
-    model = load_model(args.checkpoint, device=args.device)
+    device = resolve_device(args.device)
+    model = load_model(args.checkpoint, device=device)
     _, tok = _tokenizer_of(model, args.tokenizer, args.data_dir)
     ids = tok.encode(args.prompt)
     if not ids:
         raise ValueError("--prompt is empty after tokenisation; give at least one token")
-    generator = torch.Generator(device=args.device).manual_seed(args.seed)
-    idx = torch.tensor([ids], dtype=torch.long, device=args.device)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
     stream = TextStream(tok, ids)
     generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
              top_p=args.top_p, use_cache=not args.no_cache, generator=generator,
@@ -131,15 +134,16 @@ class TextStream:
 def _eval(args: argparse.Namespace) -> int:
     from .checkpoints import load_model
     from .data import load_tokens
-    from .train import evaluate_split
+    from .train import evaluate_split, resolve_device
 
-    model = load_model(args.checkpoint, device=args.device)
+    device = resolve_device(args.device)
+    model = load_model(args.checkpoint, device=device)
     name, _ = _tokenizer_of(model, args.tokenizer, args.data_dir)
     dataset = args.dataset or model.checkpoint_metadata.get("dataset") or "wikitext2"
     tokens = load_tokens(dataset, args.split, name, data_dir=args.data_dir)
     seq_len = args.seq_len or model.cfg.max_seq_len
     res = evaluate_split(model, tokens, seq_len, batch_size=args.batch_size, max_windows=args.max_windows,
-                         device=args.device)
+                         device=device)
     print(f"{dataset}/{args.split} at seq_len {seq_len} ({res['tokens']} tokens): loss {res['loss']:.4f}, "
           f"perplexity {res['perplexity']:.2f}, {res['bits_per_token']:.4f} bits/token")
     return 0
@@ -191,9 +195,38 @@ def _store(args: argparse.Namespace) -> int:
     return 0
 
 
+def count(minimum: int):
+    """An argparse type: an integer >= ``minimum``, else an error naming the value."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is not valid; it must be >= {minimum}")
+        return value
+    return parse
+
+
+def number(low: float, high: float = math.inf, low_open: bool = False):
+    """An argparse type: a finite number in [low, high] ((low, high] with ``low_open``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < low or (low_open and value == low) or value > high:
+            bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+            raise argparse.ArgumentTypeError(f"{text} is not valid; it must be a finite number "
+                                             f"{'in ' + bounds if math.isfinite(high) else bounds}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m nodelm_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (also after the subcommand)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train one run")
@@ -212,10 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="sample text from a saved model, printed as it is generated")
     p.add_argument("--checkpoint", required=True, help="model file (nl.save_checkpoint) or a run's checkpoint.pt / out_dir")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--max-new-tokens", type=count(0), default=200)
+    p.add_argument("--temperature", type=number(0.0), default=1.0, help="0 is greedy")
+    p.add_argument("--top-k", type=count(1), default=None)
+    p.add_argument("--top-p", type=number(0.0, 1.0, low_open=True), default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context for every token")
     p.add_argument("--tokenizer", choices=("char", "gpt2"), help="default: the one stored in the checkpoint")
@@ -226,10 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="loss of a saved model over a whole split")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--split", default="test", choices=("train", "validation", "test"))
-    p.add_argument("--seq-len", type=int, default=None, help="context length (default: the model's max_seq_len)")
+    p.add_argument("--seq-len", type=count(1), default=None, help="context length (default: the model's max_seq_len)")
     p.add_argument("--dataset", default=None, help="default: the one stored in the checkpoint, else wikitext2")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-windows", type=int, default=None, help="score only the first N windows")
+    p.add_argument("--batch-size", type=count(1), default=8)
+    p.add_argument("--max-windows", type=count(1), default=None, help="score only the first N windows")
     p.add_argument("--tokenizer", choices=("char", "gpt2"))
     p.add_argument("--data-dir", default=None)
     p.add_argument("--device", default="cpu")
@@ -260,14 +293,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# errors that mean "the input is wrong" (exit status 2); anything else is reported in one line
+# too (exit status 1), with the traceback under --debug
+BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # accepted before or after the subcommand
+    args = parser.parse_args([a for a in argv if a != "--debug"])
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:  # bad input: say what is wrong, no traceback
-        parser.exit(2, f"error: {err}\n")
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # one line that says what is wrong; the traceback only under --debug
+        if debug:
+            raise
+        text = " ".join(str(err).split()) or "(no message)"
+        if isinstance(err, BAD_INPUT):
+            parser.exit(2, f"error: {text}\n")
+        parser.exit(1, f"error: {type(err).__name__}: {text} (run with --debug for the traceback)\n")
 
 
 if __name__ == "__main__":

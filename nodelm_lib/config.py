@@ -9,14 +9,18 @@ and the valid choices.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union
 
+import numpy as np
 import yaml
 
 from .data import CORPORA, TOKENIZERS
@@ -39,6 +43,62 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 def _check_choice(key: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, choices))}")
+
+
+def _kind(tp: Any) -> str:
+    """How an error names the values of field type ``tp``."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return f"{_kind(inner)} or None"
+    if _is_config(tp):
+        return f"{'an' if tp.__name__[0] in 'AEIOU' else 'a'} {tp.__name__} (nl.{tp.__name__}(...))"
+    return {bool: "True or False", int: "an integer", float: "a finite number", str: "a string"}.get(tp, str(tp))
+
+
+def _checked_value(key: str, value: Any, tp: Any) -> Any:
+    """``value`` if it is of field type ``tp`` (as ``from_dict`` would have made it), else a
+    ValueError naming ``key``, the value and its type. A numpy integer, float or bool becomes
+    the Python number (it could not be stored as JSON otherwise), a path a string; floats must
+    be finite. Nothing else is converted: ``"64"`` for an int is refused, not read as 64 (that is
+    ``from_dict``'s job, for text from YAML or ``--set``)."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        if value is None:
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        if inner is str and isinstance(value, os.PathLike):
+            return os.fspath(value)
+        try:
+            return _checked_value(key, value, inner)
+        except ValueError:
+            raise ValueError(f"{key}={value!r} is not valid: it must be {_kind(tp)} "
+                             f"(got {type(value).__name__})") from None
+    ok = {bool: isinstance(value, (bool, np.bool_)),
+          int: isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)),
+          float: isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)),
+          str: isinstance(value, str)}.get(tp, isinstance(value, tp) if isinstance(tp, type) else True)
+    if not ok:
+        raise ValueError(f"{key}={value!r} is not valid: it must be {_kind(tp)} (got {type(value).__name__})")
+    if tp is float and not math.isfinite(value):
+        raise ValueError(f"{key}={value!r} is not valid: it must be a finite number")
+    if tp in (bool, int, float) and type(value).__module__ == "numpy":
+        return {bool: bool, int: int, float: float}[tp](value)
+    return value
+
+
+def _check_types(cfg: Any, prefix: str = "") -> None:
+    """Every field of the config ``cfg`` holds a value of its declared type (``_checked_value``),
+    whether it was built from Python or from YAML / ``--set`` (``from_dict`` converts text first)."""
+    for f, tp in _field_types(type(cfg)):
+        value = getattr(cfg, f)
+        checked = _checked_value(prefix + f, value, tp)
+        if checked is not value:
+            object.__setattr__(cfg, f, checked)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in fields(cls))
 
 
 def _check_positive(key: str, value: Any, allow_zero: bool = False) -> None:
@@ -64,6 +124,7 @@ class ODEConfig:
     max_num_steps: int = 1000
 
     def __post_init__(self) -> None:
+        _check_types(self, "ode.")
         _check_choice("ode.method", self.method, METHODS)
         _check_choice("ode.sensitivity", self.sensitivity, SENSITIVITIES)
         _check_positive("ode.n_steps", self.n_steps)
@@ -117,6 +178,7 @@ class ModelConfig:
     ssm_state_size: int = 16
 
     def __post_init__(self) -> None:
+        _check_types(self, "model.")
         _check_choice("model.arch", self.arch, ARCHS)
         _check_choice("model.modulation", self.modulation, MODULATIONS)
         _check_choice("model.integration", self.integration, INTEGRATIONS)
@@ -265,6 +327,7 @@ class TrainConfig:
     init_from: Union[str, None] = None
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _check_choice("dataset", self.dataset, CORPORA)
         _check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         _check_choice("dtype", self.dtype, DTYPES)
@@ -276,6 +339,9 @@ class TrainConfig:
             _check_positive(key, getattr(self, key), allow_zero=True)
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r} is not valid; it must be in [0, 1]")
+        for key in ("beta1", "beta2"):  # AdamW's averages: a beta of 1 would never move
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"{key}={getattr(self, key)!r} is not valid; it must be in [0, 1)")
         if self.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"seq_len={self.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}"
@@ -361,6 +427,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 
 def from_dict(cls: type, d: dict, prefix: str = "") -> Any:
     """Build config ``cls`` from a (possibly nested) dict; unknown keys are errors."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{prefix.rstrip('.') or cls.__name__} must be a mapping of {cls.__name__} fields, got {d!r}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in fields(cls)]
     unknown = sorted(set(d) - set(names))
@@ -377,9 +445,19 @@ def save_yaml(cfg: Any, path: str | Path) -> None:
 
 
 def load_yaml(path: str | Path, cls: type = None) -> Any:
-    """Load a config from YAML; ``cls`` defaults to TrainConfig."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    return from_dict(cls or TrainConfig, data)
+    """Load a config from YAML; ``cls`` defaults to TrainConfig. Errors name the file."""
+    cls = cls or TrainConfig
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of {cls.__name__} fields (key: value lines), "
+                         f"not a YAML {type(data).__name__}")
+    try:
+        return from_dict(cls, data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def apply_overrides(cfg: Any, overrides: list[str]) -> Any:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import numbers
 import os
 from pathlib import Path
 
@@ -489,12 +490,22 @@ def fixed_batches(tokens, n_batches: int, batch_size: int, seq_len: int,
     return [sample_batch(tokens, batch_size, seq_len, g) for _ in range(n_batches)]
 
 
+def check_count(key: str, value, alternative: str = "") -> None:
+    """ValueError unless ``value`` is an integer >= 1 (``alternative``: what else it may be)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{key}={value!r} is not valid; it must be an integer >= 1{alternative}")
+
+
 def split_windows(tokens, batch_size: int, seq_len: int, max_windows: int | None = None
                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A whole split as batches of consecutive, non-overlapping windows: window i is
     x = tokens[i T:(i + 1) T], y shifted by one, so every token but the first is a target
     exactly once (with the context its window gives). The last batch may be smaller;
     ``max_windows`` keeps only the first windows."""
+    check_count("batch_size", batch_size)
+    check_count("seq_len", seq_len)
+    if max_windows is not None:
+        check_count("max_windows", max_windows, " (or None: every window)")
     tokens = torch.as_tensor(np.asarray(tokens).astype(np.int64))
     n_windows = (tokens.numel() - 1) // seq_len
     if max_windows is not None:

@@ -17,11 +17,13 @@ cache, and the tokens are the same either way.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Callable
 
 import torch
 
-from .models.common import CausalLM
+from .models.common import CausalLM, check_token_ids
 from . import fast_decode
 from .decode_cache import DecodeCache
 from .ode.solve import FIXED_STEP_METHODS
@@ -60,19 +62,29 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, 1, generator=generator)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _check_args(model, idx, max_new_tokens, temperature, top_k, top_p) -> None:
     if not isinstance(model, CausalLM):
         raise TypeError(f"model must be a nodelm CausalLM (from nl.build_model), got {type(model).__name__}")
-    if idx.ndim != 2 or idx.dtype != torch.long or idx.shape[1] == 0:
-        raise ValueError(f"idx must be a non-empty (B, T) int64 tensor, got shape {tuple(idx.shape)} {idx.dtype}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens} is not valid; it must be >= 0")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} is not valid; it must be >= 0 (0 is greedy)")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} is not valid; it must be >= 1 (or None)")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p={top_p} is not valid; it must be in (0, 1] (or None)")
+    if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype != torch.long or idx.shape[1] == 0:
+        what = f"shape {tuple(idx.shape)} {idx.dtype}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"idx must be a non-empty (B, T) int64 tensor, got {what}")
+    check_token_ids(idx, model.cfg.vocab_size)
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} is not valid; it must be an integer >= 0")
+    if not _is_real(temperature) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature={temperature!r} is not valid; it must be a finite number >= 0 (0 is greedy)")
+    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+        raise ValueError(f"top_k={top_k!r} is not valid; it must be an integer >= 1 (or None)")
+    if top_p is not None and (not _is_real(top_p) or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p={top_p!r} is not valid; it must be in (0, 1] (or None)")
 
 
 @torch.inference_mode()  # lighter than no_grad: no version counters on the many small decode tensors

@@ -36,6 +36,7 @@ import platform
 import resource
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -95,6 +96,8 @@ class RunRecord:
     environment: dict = field(default_factory=dict)
     error: str | None = None
     checkpoint: str | None = None  # the final model's file, when the run kept one
+    # what a finished run did that its numbers alone would not say (``check_learned``)
+    warnings: list[str] = field(default_factory=list)
     # the trained model, returned by ``train`` in the process that trained it; not stored in the
     # JSON (None in a record read back: load ``checkpoint`` with ``nl.load_model``)
     model: CausalLM | None = field(default=None, repr=False, compare=False, metadata={"stored": False})
@@ -133,9 +136,15 @@ def resolve_device(name: str) -> torch.device:
     but missing is an error)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but CUDA is not available; use device='cpu' or 'auto'")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={name!r} is not a device; use 'auto', 'cpu', 'cuda' (or 'cuda:N') or 'mps'") from None
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}.get(device.type)
+    if available is not None and not available():
+        raise ValueError(f"device={name!r} was asked for but {device.type.upper()} is not available here; "
+                         "use device='cpu' or 'auto'")
+    return device
 
 
 # x86 /proc/cpuinfo flags (and the aarch64 feature) of native bf16 arithmetic: without one, bf16
@@ -606,6 +615,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
         "test_tokens": batch_tokens(test_batches),
     }
     record.status = "completed"
+    check_learned(record, model.cfg.vocab_size)
     if out_dir is not None and start < tc.max_steps:
         record.train_time_s = time_before + train_time
         _checkpoint(ctx, device, ckpt_path, model, optimizer, tc.max_steps, batch_gen, record)
@@ -614,6 +624,26 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     _finish(record, tc, device, t_start, train_time, time_before, out_dir, ctx)
     record.model = model
     return record
+
+
+class AboveUniformWarning(UserWarning):
+    """A run that finished worse than guessing every token uniformly: it learned nothing."""
+
+
+def check_learned(record: RunRecord, vocab_size: int) -> None:
+    """Flag ``record`` (in ``record.warnings``, and as an ``AboveUniformWarning``) where its final
+    validation loss is above ln(vocab_size), the loss of a uniform guess over the vocabulary: a
+    run that diverged without a non-finite loss (a learning rate far too high) would otherwise
+    read as "completed". Its numbers are kept as they are."""
+    uniform = math.log(vocab_size)
+    loss = record.final.get("val_loss", math.nan)
+    if loss > uniform:
+        lr = record.config.get("lr")
+        message = (f"final validation loss {loss:.4f} is above a uniform guess over the {vocab_size} tokens "
+                   f"(ln {vocab_size} = {uniform:.4f}): the run learned nothing; is lr={lr} too high?")
+        record.warnings.append(message)
+        warnings.warn(f"{record.config['model']['arch']} seed {record.seed} ({record.config_hash}): {message}",
+                      AboveUniformWarning, stacklevel=3)
 
 
 def _checkpoint(ctx: Context, device, path: Path, model, optimizer, step: int, batch_gen, record: RunRecord) -> None:

@@ -25,6 +25,23 @@ from ..ode.tableaus import TABLEAUS
 from ..time_grid import time_grid
 
 
+def check_token_ids(idx: torch.Tensor, vocab_size: int, read_values: bool = True) -> None:
+    """ValueError unless ``idx`` is a (B, T) integer tensor of ids in [0, vocab_size): an
+    embedding lookup would fail with a bare IndexError on an id past the end, and a lookup by
+    indexing (cached decoding) would wrap a negative id around. ``read_values=False`` checks the
+    shape and dtype only (no host synchronisation: a CUDA forward, a compiled one)."""
+    if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.is_floating_point() or idx.is_complex() \
+            or idx.dtype == torch.bool:
+        what = f"shape {tuple(idx.shape)} {idx.dtype}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"idx must be a (B, T) tensor of integer token ids, got {what}")
+    if read_values and idx.numel():
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is outside the model's vocabulary: ids must be in [0, {vocab_size - 1}] "
+                             f"(vocab_size={vocab_size})")
+
+
 class CausalLM(nn.Module):
     """Base class: ``logits, loss = model(idx, targets)``; ``loss`` is None without targets.
 
@@ -54,6 +71,7 @@ class CausalLM(nn.Module):
                 cache: DecodeCache | None = None, **kwargs):
         """``cache`` (a ``DecodeCache``, see ``generate``): ``idx`` holds only the positions after
         the ``cache.length`` already processed, and their state is added to the cache."""
+        check_token_ids(idx, self.cfg.vocab_size, read_values=idx.device.type == "cpu" and not compiling())
         B, T = idx.shape
         if cache is not None and compiling():  # the layers cannot see the cache there (``compiling``)
             raise ValueError("decoding with a cache under torch.compile is not supported: pass the "

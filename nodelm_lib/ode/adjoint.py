@@ -37,7 +37,7 @@ from typing import ClassVar
 import torch
 
 from .counters import SolverCounters
-from .gradients import GradientMethod, differentiable
+from .gradients import GradientMethod, check_params_found, differentiable
 from .grid import refine
 
 # 3-point Gauss-Legendre rule on [0, 1]: exact for polynomials of degree 5
@@ -101,8 +101,9 @@ def _unflat(vector: torch.Tensor, likes) -> list[torch.Tensor]:
 class Adjoint:
     """One adjoint solve: the field, solver, parameters and counters its two passes share."""
 
-    def __init__(self, field, solver, params, counters: SolverCounters | None):
+    def __init__(self, field, solver, params, counters: SolverCounters | None, check: str | None = None):
         self.field, self.solver, self.params, self.counters = field, solver, params, counters
+        self.check = check  # the method's name where params were found, not given: checked once (vjp)
 
     def vjp(self, s, x, a, wrt_params: bool = True):
         """f(s, x) and a^T ∂f/∂x, a^T ∂f/∂θ (zeros where f does not depend on them)."""
@@ -111,6 +112,9 @@ class Adjoint:
         inputs = [x.detach().requires_grad_()] + (list(self.params) if wrt_params else [])
         with torch.enable_grad():
             f = self.field(s, inputs[0])
+            if self.check is not None:
+                method, self.check = self.check, None
+                check_params_found(f, [inputs[0], *self.params], method)
             grads = torch.autograd.grad(f, inputs, a, allow_unused=True) if f.requires_grad else [None] * len(inputs)
         grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, inputs)]
         return f.detach(), grads[0], grads[1:]
@@ -133,8 +137,9 @@ class ContinuousAdjoint(GradientMethod):
     reevaluates_field: ClassVar[bool] = True
 
     def solve(self, solver, field, x0, t, params=None, counters=None):
+        check = self.name if params is None else None  # found, not given: backward checks nothing was missed
         params = differentiable(field, params)
-        return _AdjointSolve.apply(self, Adjoint(field, solver, params, counters), t, x0, *params)
+        return _AdjointSolve.apply(self, Adjoint(field, solver, params, counters, check), t, x0, *params)
 
     def forward(self, adj: Adjoint, x0: torch.Tensor, t: torch.Tensor):
         """(x at every time in ``t``, what backward needs), without a graph."""

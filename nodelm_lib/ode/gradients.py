@@ -56,6 +56,33 @@ def differentiable(field, params) -> tuple[torch.Tensor, ...]:
     return tuple(p for p in (find_params(field) if params is None else params) if p.requires_grad)
 
 
+def check_params_found(output: torch.Tensor, given, method: str) -> None:
+    """ValueError where ``output``, a field's value computed with a graph, depends on tensors
+    requiring gradients other than ``given`` (its inputs and the parameters a method
+    differentiates): a method with a backward of its own would return no gradient for them,
+    silently. Walks ``output``'s graph back to its leaves, stopping at ``given``; a method calls
+    it once, on its first evaluation of the field in backward, where ``params`` were not given."""
+    known = {id(g) for g in given} | {id(g.grad_fn) for g in given if g.grad_fn is not None}
+    seen, stack, missed = set(), [output.grad_fn], {}
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen or id(node) in known:
+            continue
+        seen.add(id(node))
+        leaf = getattr(node, "variable", None)  # an AccumulateGrad node: a leaf requiring gradients
+        if leaf is not None and id(leaf) not in known:
+            missed[id(leaf)] = leaf
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    if missed:
+        shapes = ", ".join(str(tuple(p.shape)) for p in list(missed.values())[:5])
+        raise ValueError(
+            f"sensitivity={method!r} differentiates x0 and the field's parameters only, but the field depends on "
+            f"{len(missed)} more tensor(s) requiring gradients (shapes {shapes}{', ...' if len(missed) > 5 else ''}) "
+            "that it could not find: they would get no gradient. Make the field an nn.Module that owns them, "
+            "capture them in the field's closure (not as module-level globals), or pass them: "
+            "odeint(..., params=list(module.parameters()))")
+
+
 def find_params(field) -> tuple[torch.Tensor, ...]:
     """Tensors requiring gradients that ``field`` depends on, as far as can be seen.
 
@@ -142,16 +169,18 @@ class Reversible(GradientMethod):
                              f"not method={solver.method!r}")
 
     def solve(self, solver, field, x0, t, params=None, counters=None):
+        check = params is None  # found, not given: backward checks that nothing was missed
         params = differentiable(field, params)
-        return _ReversibleSolve.apply(solver, field, t, counters, x0, *params)
+        return _ReversibleSolve.apply(solver, field, t, counters, check, x0, *params)
 
 
 class _ReversibleSolve(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, solver, field, t, counters, x0, *params):
+    def forward(ctx, solver, field, t, counters, check, x0, *params):
         with torch.no_grad():
             xs, state = solver.march(field, x0, t, counters)
         ctx.solver, ctx.field, ctx.counters, ctx.n_state = solver, field, counters, len(state)
+        ctx.check = check
         ctx.save_for_backward(t, *state, *params)
         return torch.stack(xs)
 
@@ -173,6 +202,9 @@ class _ReversibleSolve(torch.autograd.Function):
             inputs = [v.detach().requires_grad_() for v in state]
             with torch.enable_grad():
                 outputs = scheme.step(field, s, dt, tuple(inputs))
+                if ctx.check:
+                    ctx.check = False
+                    check_params_found(outputs[0], inputs + list(params), Reversible.name)
                 grads = torch.autograd.grad(outputs, inputs + list(params), adjoint, allow_unused=True)
             adjoint = tuple(grads[:len(inputs)])
             if m % every == 0:  # the state at an output time: the loss's own gradient joins
@@ -184,4 +216,4 @@ class _ReversibleSolve(torch.autograd.Function):
             initial = scheme.init(field, t[0], x)
             grads = torch.autograd.grad(initial, [x] + list(params), adjoint, allow_unused=True)
         grad_params = [acc if g is None else acc + g for acc, g in zip(grad_params, grads[1:])]
-        return (None, None, None, None, grads[0], *grad_params)
+        return (None, None, None, None, None, grads[0], *grad_params)

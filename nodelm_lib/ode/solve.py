@@ -41,6 +41,31 @@ def gradient_method(sensitivity: str | GradientMethod) -> GradientMethod:
     return GRADIENT_METHODS[sensitivity]()
 
 
+def check_inputs(x0: torch.Tensor, t: torch.Tensor) -> None:
+    """ValueError unless ``x0`` is a finite floating-point tensor and ``t`` finite and strictly
+    monotone (increasing, or decreasing to integrate backwards): a repeated or out-of-order
+    time would be a step of zero or negative length, and a NaN would fill the output with NaN
+    (or an adaptive solve with rejected steps) instead of an error. Reads the values (one host
+    synchronisation): ``odeint`` checks, a model's own solves (their grids are built) do not,
+    and neither does a solve being traced by ``torch.compile`` (one graph, no host reads)."""
+    if not isinstance(x0, torch.Tensor) or not x0.is_floating_point():
+        raise ValueError(f"x0 must be a floating-point tensor, got {type(x0).__name__}"
+                         f"{f' of dtype {x0.dtype}' if isinstance(x0, torch.Tensor) else ''}")
+    if torch.compiler.is_compiling():
+        return
+    times = t.detach().double().cpu()
+    if not torch.isfinite(times).all():
+        raise ValueError(f"t must hold finite times, got {times.tolist()}")
+    steps = times.diff()
+    if not ((steps > 0).all() or (steps < 0).all()):
+        bad = int(torch.nonzero(steps * steps[0].sign() <= 0)[0]) if steps[0] != 0 else 0
+        raise ValueError(f"t must be strictly increasing (or strictly decreasing), without repeated times; "
+                         f"got t[{bad}]={times[bad].item()!r}, t[{bad + 1}]={times[bad + 1].item()!r} in {times.tolist()}")
+    if not torch.isfinite(x0).all():
+        raise ValueError(f"x0 holds {int((~torch.isfinite(x0)).sum())} non-finite value(s) (NaN or inf) of "
+                         f"{x0.numel()}: the solution would be NaN; check what produced x0")
+
+
 def odeint(
     field: Field,
     x0: torch.Tensor,
@@ -67,5 +92,6 @@ def odeint(
     grad = gradient_method(sensitivity)
     solver = Solver(method, steps_per_interval, rtol, atol, max_num_steps)
     grad.check(solver)
+    check_inputs(x0, t)
     t = t.to(device=x0.device, dtype=x0.dtype if x0.is_floating_point() else torch.float32)
     return grad.solve(solver, field, x0, t, params, counters if counters is not None else stats)

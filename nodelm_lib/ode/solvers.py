@@ -18,6 +18,9 @@ How gradients flow through a solve is the business of a gradient method (``gradi
 
 from __future__ import annotations
 
+import math
+import numbers
+
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -80,6 +83,13 @@ class Solver:
             raise ValueError(f"method={self.method!r} is not valid; choose one of {', '.join(map(repr, METHODS))}")
         if not (isinstance(self.steps_per_interval, int) and self.steps_per_interval >= 1):
             raise ValueError(f"steps_per_interval must be a positive integer, got {self.steps_per_interval!r}")
+        for key in ("rtol", "atol"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+                raise ValueError(f"{key}={value!r} is not valid; it must be a finite number > 0")
+        if isinstance(self.max_num_steps, bool) or not isinstance(self.max_num_steps, numbers.Integral) \
+                or self.max_num_steps < 1:
+            raise ValueError(f"max_num_steps={self.max_num_steps!r} is not valid; it must be an integer >= 1")
 
     @property
     def fixed_step(self) -> bool:
