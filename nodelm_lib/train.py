@@ -640,7 +640,8 @@ def check_learned(record: RunRecord, vocab_size: int) -> None:
     if loss > uniform:
         lr = record.config.get("lr")
         message = (f"final validation loss {loss:.4f} is above a uniform guess over the {vocab_size} tokens "
-                   f"(ln {vocab_size} = {uniform:.4f}): the run learned nothing; is lr={lr} too high?")
+                   f"(ln {vocab_size} = {uniform:.4f}): the run learned nothing (lr={lr} too high, or too few "
+                   f"steps?)")
         record.warnings.append(message)
         warnings.warn(f"{record.config['model']['arch']} seed {record.seed} ({record.config_hash}): {message}",
                       AboveUniformWarning, stacklevel=3)
