@@ -14,6 +14,7 @@ import pytest
 import nodelm_lib as nl
 from nodelm_lib import experiment
 from nodelm_lib.experiment import LRSelectionWarning, refine_lr_grids, select_lr, selection_table
+from test_comparison_protocol import tiny as tiny_protocol_config
 
 
 def record(val_loss: float, status: str = "completed", tag: str = "") -> nl.RunRecord:
@@ -100,11 +101,8 @@ def test_per_arm_grids_are_checked():
 
 
 def tiny(**kw) -> nl.TrainConfig:
-    model = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=16, n_heads=2, n_layers=1, max_seq_len=16)
-    base = dict(model=model, batch_size=2, seq_len=16, max_steps=3, lr=1e-3, warmup_steps=1, eval_interval=3,
-                eval_batches=1, progress=False, device="cpu")
-    base.update(kw)
-    return nl.TrainConfig(**base)
+    """notebook 02's protocol tests' tiny config, at 3 steps (one evaluation at the end)."""
+    return tiny_protocol_config(**{"max_steps": 3, "eval_interval": 3, **kw})
 
 
 def test_select_lr_trains_each_arm_rate_and_seed_once_and_refinement_reuses_the_store(tmp_path):
