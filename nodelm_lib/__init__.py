@@ -32,6 +32,7 @@ from .experiment import sweep  # noqa: E402
 from .store import run  # noqa: E402
 from .estimate import estimate_time  # noqa: E402
 from .workspace import Workspace, workspace  # noqa: E402
+from . import profiles  # noqa: E402,F401  (nl.profiles: a notebook's parameter profiles by name, and check_injected)
 
 
 __all__ = [

@@ -13,6 +13,8 @@ parameters cell itself.
 
 from __future__ import annotations
 
+import ast
+import difflib
 from pathlib import Path
 from typing import Any, MutableMapping
 
@@ -79,6 +81,47 @@ def apply_profile(namespace: MutableMapping[str, Any], notebook: str, profile: s
         raise ValueError(f"profile {profile!r} of {notebook!r} sets {unknown}, which are not parameters of the notebook")
     namespace.update(values)
     return values
+
+
+# papermill's translator writes the injected cell as this comment line, then one assignment per value
+INJECTED_HEADER = "# Parameters"
+
+
+def check_injected(history: list[str]) -> None:
+    """Refuse a papermill value for a name that no earlier cell defines: ``papermill -p lr_seed 1``
+    (for ``lr_seeds``) or a misspelt key in a ``-f`` file would otherwise define a new variable
+    that nothing reads, and the notebook would run its defaults silently.
+
+    ``history`` is IPython's input history, the notebook's ``In``: the cell papermill injected
+    (its first line is ``# Parameters``, alone) and the cells before it, the parameters cell
+    among them. Call it in the cell after the parameters: ``nl.profiles.check_injected(In)``.
+    Without an injected cell (a notebook run by hand) there is nothing to check."""
+    cells = [c for c in history if isinstance(c, str)]
+    injected = [i for i, c in enumerate(cells) if c.splitlines()[:1] == [INJECTED_HEADER]]
+    if not injected:
+        return
+    last = injected[-1]
+    declared = set().union(*(_assigned(c) for c in cells[:last] if not c.startswith(INJECTED_HEADER + "\n")))
+    unknown = sorted(_assigned(cells[last]) - declared)
+    if unknown:
+        hints = {name: difflib.get_close_matches(name, sorted(declared), n=1) for name in unknown}
+        said = "; ".join(f"{n!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for n, h in hints.items())
+        raise ValueError(f"papermill set {said}, which this notebook's parameters cell does not define; its "
+                         f"parameters: {', '.join(sorted(n for n in declared if not n.startswith('_')))}")
+
+
+def _assigned(source: str) -> set[str]:
+    """The names a cell's source assigns at its top level (``x = ...``, ``x: int = ...``)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython magics: such a cell defines no parameter
+        return set()
+    names = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for target in targets:
+            names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
 
 
 class _UniqueKeys(yaml.SafeLoader):

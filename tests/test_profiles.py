@@ -76,3 +76,59 @@ def test_make_wheel_needs_no_dev_environment():
     done = subprocess.run(["make", "-n", "wheel", "PYTHON=python3"], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.splitlines()[0] == "python3 -m pip wheel --no-deps --wheel-dir dist ."
     assert "venv" not in done.stdout and "torch" not in done.stdout
+
+
+INSTALL_CELL = 'NODELM_SOURCE = ""\nimport os, sys\n'
+PARAMETERS_CELL = '# Parameters (papermill overrides these)\nprofile = "smoke"\nlr_seeds = [100]\nwidths: list = [16]\n'
+
+
+def test_a_misspelt_papermill_parameter_is_refused_with_the_likely_name():
+    injected = '# Parameters\nprofile = "cpu"\nlr_seed = [1]\n'
+    with pytest.raises(ValueError, match=r"papermill set 'lr_seed' \(did you mean 'lr_seeds'\?\), which this notebook's "
+                                         r"parameters cell does not define; its parameters: NODELM_SOURCE, lr_seeds, profile, widths"):
+        profiles.check_injected(["", INSTALL_CELL, PARAMETERS_CELL, injected, "import nodelm_lib as nl"])
+    with pytest.raises(ValueError, match=r"'zzz'(?! \(did)"):  # nothing close: no guess
+        profiles.check_injected([PARAMETERS_CELL, '# Parameters\nzzz = 1\n'])
+
+
+def test_known_papermill_parameters_and_hand_runs_pass():
+    profiles.check_injected(["", INSTALL_CELL, PARAMETERS_CELL, '# Parameters\nprofile = "cpu"\nwidths = [64]\n'])
+    profiles.check_injected(["", INSTALL_CELL, PARAMETERS_CELL, "%matplotlib inline\nx = 1"])  # no injected cell
+    profiles.check_injected([])
+
+
+def test_every_notebook_checks_its_injected_parameters_and_every_profile_passes_the_check():
+    """Each notebook calls check_injected right after its imports, and no profile file sets a name its
+    notebook lacks (the check would stop `make <notebook> PROFILE=...` there)."""
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        first = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
+        following = next(c for c in cells[first + 1:] if c["cell_type"] == "code")
+        assert "nl.profiles.check_injected(In)" in "".join(following["source"]), path.name
+        history = ["".join(c["source"]) for c in cells[: first + 1] if c["cell_type"] == "code"]
+        folder = ROOT / "params" / path.stem
+        for profile in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+            values = yaml.safe_load(profile.read_text())
+            injected = "# Parameters\n" + "".join(f"{k} = {v!r}\n" for k, v in values.items())
+            profiles.check_injected(history + [injected])
+
+
+def test_papermill_stops_a_notebook_at_a_misspelt_parameter(tmp_path):
+    """The real thing: papermill's injected cell and IPython's `In` in a kernel."""
+    import nbformat
+    import papermill
+
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("alpha = 1  # the parameters")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell("from nodelm_lib import profiles\nprofiles.check_injected(In)\nprint(alpha)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    source = tmp_path / "nb.ipynb"
+    nbformat.write(nb, source)
+    done = papermill.execute_notebook(str(source), str(tmp_path / "ok.ipynb"), parameters={"alpha": 2},
+                                      progress_bar=False, cwd=str(tmp_path), kernel_name="python3")
+    assert done.cells[-1].outputs[0]["text"] == "2\n"
+    with pytest.raises(papermill.PapermillExecutionError, match=r"'alpah' \(did you mean 'alpha'\?\)"):
+        papermill.execute_notebook(str(source), str(tmp_path / "bad.ipynb"), parameters={"alpah": 2},
+                                   progress_bar=False, cwd=str(tmp_path), kernel_name="python3")
+
