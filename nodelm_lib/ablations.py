@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import torch
 
 from .config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
-from .experiment import _run_all, selected_lrs, sweep_configs
+from .experiment import _run_all, selected_lrs, sweep_configs, with_weights
 from .store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, stored_record,
                     write_evaluations)
 from .train import RunRecord, evaluate, final_eval_batches, with_tokenizer_vocab
@@ -189,9 +189,9 @@ def depth_curves(models: Iterable[tuple[str, RunRecord]], eval_steps: Iterable[i
     needy = [i for i, record in enumerate(records)
              if depth_curve_missing(record, eval_steps, methods, splits, max_batches, store)
              and not checkpoint_path(record.config_hash, checkpoints).exists()]
-    records = _with_weights(list(records), needy, [r.train_config for r in records],
-                            [f"{arm} seed {r.seed}" for arm, r in zip(arms, records)], store, checkpoints, isolate,
-                            workers, progress, launcher)
+    records = with_weights(list(records), needy, [r.train_config for r in records],
+                           [f"{arm} seed {r.seed}" for arm, r in zip(arms, records)], store, checkpoints, isolate,
+                           workers, progress, launcher)
     return pd.concat([depth_curve(record, eval_steps, methods, checkpoints, device, splits, max_batches, store)
                       .assign(arm=arm) for arm, record in zip(arms, records)], ignore_index=True)
 
@@ -356,21 +356,7 @@ def train_transfer_parents(parents: list, jobs: list, to_steps: Iterable[int], s
                 if tc.init_from is not None and stored_record(tc, store) is None}
     needy = [i for i, ((name, seed, _), record) in enumerate(zip(parents, records))
              if (name, seed) in unstored or depth_curve_missing(record, to_steps, splits=TRANSFER_SPLITS, store=store)]
-    return _with_weights(records, needy, configs, labels, store, checkpoints, isolate, workers, progress, launcher)
-
-
-def _with_weights(records: list[RunRecord], needy: list[int], configs: list[TrainConfig], labels: list[str],
-                  store, checkpoints, isolate, workers, progress, launcher) -> list[RunRecord]:
-    """``records`` with those at the indices ``needy`` run again with ``need_checkpoint``: read
-    back where the final model is on disk, else trained again (which rewrites the record)."""
-    if not needy:
-        return records
-    retrained = _run_all([configs[i] for i in needy], store, checkpoints, isolate, True, workers, progress,
-                         [labels[i] for i in needy], launcher)
-    records = list(records)
-    for i, record in zip(needy, retrained):
-        records[i] = record
-    return records
+    return with_weights(records, needy, configs, labels, store, checkpoints, isolate, workers, progress, launcher)
 
 
 def _losses(row: dict) -> dict:

@@ -175,6 +175,21 @@ def sweep(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[in
     return pd.DataFrame([record_row(record, arm=name) for (name, _, _), record in zip(configs, records)])
 
 
+def with_weights(records: list[RunRecord], needy: list[int], configs: list[TrainConfig], labels: list[str],
+                  store, checkpoints, isolate, workers, progress, launcher) -> list[RunRecord]:
+    """``records`` with those at the indices ``needy`` run again with ``need_checkpoint``: read
+    back where the final model is on disk, else trained again (which rewrites the record). For
+    evaluations of final models (depth curves, loss by position) in a clone without the weights."""
+    if not needy:
+        return records
+    retrained = _run_all([configs[i] for i in needy], store, checkpoints, isolate, True, workers, progress,
+                         [labels[i] for i in needy], launcher)
+    records = list(records)
+    for i, record in zip(needy, retrained):
+        records[i] = record
+    return records
+
+
 def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need_checkpoint: bool, workers: int,
              progress: bool, labels: list[str], launcher=None, wait: bool = True) -> list[RunRecord]:
     """``run`` every config (one at a time, ``workers`` isolated runs at once, or as jobs of a
