@@ -581,3 +581,45 @@ def corpora_figure(corpora: dict, reference: str, order, unit: str = "nats/char"
     diff_ax.legend(title="corpus (profile)")
     fig.tight_layout()
     return fig
+
+
+def position_bins(length: int, per_octave: int = 4) -> list[tuple[int, int]]:
+    """Log-spaced bins [lo, hi) covering positions 0 .. length - 1, ``per_octave`` per doubling
+    (position 0 alone first): a loss-by-position curve averaged in them is readable on a log
+    axis, where single positions past a few hundred are noise."""
+    edges = sorted({0, 1, *(int(round(2 ** (k / per_octave))) for k in range(int(per_octave * np.log2(max(length, 2))) + 1)),
+                    length})
+    edges = [e for e in edges if e <= length]
+    return [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+
+
+def long_context_figure(curves, train_context: int, order=None, unit: str = "nats/char") -> plt.Figure:
+    """Loss by position past the training context: per arm, the mean over seeds (band: 95% CI)
+    of ``long_context.position_curves``' longest window, in log-spaced position bins, with the
+    training context marked. ``curves`` has columns arm, seed, window, position, loss."""
+    from .stats import mean_ci
+
+    longest = int(curves["window"].max())
+    curves = curves[curves["window"] == longest]
+    bins = position_bins(longest)
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for i, arm in enumerate(_arms(curves, order)):
+        by_seed = curves[curves["arm"] == arm].pivot_table(index="position", columns="seed", values="loss")
+        centres, stats = [], []
+        for lo, hi in bins:
+            centres.append(np.sqrt(max(lo, 0.5) * hi))  # the bin's geometric middle on the log axis
+            stats.append(mean_ci(by_seed.iloc[lo:hi].mean(axis=0).to_numpy()))
+        mean = np.array([s["mean"] for s in stats])
+        half = np.nan_to_num(np.array([s["ci_half"] for s in stats]))
+        ax.plot(centres, mean, color=arm_color(i), label=arm)
+        ax.fill_between(centres, mean - half, mean + half, color=arm_color(i), alpha=0.2, linewidth=0)
+    ax.axvline(train_context, color="black", linestyle="--", linewidth=0.8)
+    ax.annotate("training context", (train_context, 1.0), xycoords=("data", "axes fraction"),
+                xytext=(4, -4), textcoords="offset points", ha="left", va="top", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("position in the window (tokens of context)")
+    ax.set_ylabel(f"loss ({unit})")
+    ax.set_title(f"loss by position, windows of {longest}; mean ± 95% CI over seeds", fontsize=10)
+    ax.legend(title="arm")
+    fig.tight_layout()
+    return fig
