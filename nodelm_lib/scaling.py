@@ -36,7 +36,7 @@ from . import experiment, stats, trends
 from .config import ModelConfig, ODEConfig, TrainConfig, to_dict
 from .data import get_tokenizer
 from .store import finished_record, load_records
-from .train import RunRecord, with_tokenizer_vocab
+from .train import with_tokenizer_vocab
 
 ARMS = ("gpt", "hybrid", "node", "node_tong", "ti_mlp", "ti_ssm", "ssm")
 # how each arm is made by experiment.architecture_arms, as notebook 02 makes it: (archs, controls,
@@ -189,21 +189,6 @@ def stored_runs(base: TrainConfig, cells: dict, seeds: Iterable[int], lr_selecti
         rows.append({"arm": name, "seed": seed, "config_hash": with_tokenizer_vocab(tc).config_hash(),
                      "stored": finished_record(tc, store) is not None})
     return with_cells(pd.DataFrame(rows))
-
-
-def provenance(runs: pd.DataFrame, store) -> pd.DataFrame:
-    """The library commit and CPU of every run of ``runs`` (by ``config_hash``, from its record in
-    ``store``), counted: one row per (git_commit, cpu_capability, cpu_name) with its runs and cells.
-    One row means one provenance for the whole table."""
-    rows = []
-    for cell, h in zip(runs["cell"] if "cell" in runs else runs["arm"], runs["config_hash"]):
-        env = RunRecord.from_json(experiment.record_path(store, h)).environment
-        rows.append({"git_commit": env.get("git_commit", "?"), "cpu_capability": env.get("cpu_capability", "?"),
-                     "cpu_name": env.get("cpu_name", "?"), "cell": cell})
-    df = pd.DataFrame(rows)
-    keys = ["git_commit", "cpu_capability", "cpu_name"]
-    return (df.groupby(keys, sort=False)["cell"]
-            .agg(runs="size", cells=lambda c: ", ".join(dict.fromkeys(c))).reset_index())
 
 
 def cells_table(points: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
