@@ -35,7 +35,7 @@ def on_colab(monkeypatch):
 
 def test_every_notebook_has_the_same_install_cell():
     cells = {nb.name: install_cell(nb) for nb in NOTEBOOKS}
-    assert len(cells) == 7 and len(set(cells.values())) == 1, sorted(cells)
+    assert len(cells) == len(NOTEBOOKS) >= 8 and len(set(cells.values())) == 1, sorted(cells)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -53,8 +53,10 @@ def test_install_cell_installs_the_given_source(notebook, on_colab, monkeypatch,
     exec(source, {})
     monkeypatch.setenv("NODELM_SOURCE", str(ROOT))  # a directory, given through the environment
     exec(install_cell(notebook), {})
-    assert [cmd for cmd, _ in on_colab] == [[sys.executable, "-m", "pip", "install", "-q", src]
-                                           for src in (str(wheel), str(ROOT))]
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    # each source installed with its dependencies, then over an installed nodelm of the same version
+    assert [cmd for cmd, _ in on_colab] == [cmd for src in (str(wheel), str(ROOT))
+                                           for cmd in (pip + [src], pip + ["--no-deps", "--force-reinstall", src])]
     assert all(kw == {"check": True} for _, kw in on_colab)  # a failed pip stops the notebook
 
 
