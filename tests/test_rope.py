@@ -342,3 +342,20 @@ def test_a_rope_model_file_round_trips(tmp_path):
     idx = torch.randint(0, 64, (1, 3 * CONTEXT))
     with torch.no_grad():
         torch.testing.assert_close(back(idx)[0], model(idx)[0], rtol=0, atol=0)
+
+
+def test_the_cli_generates_with_a_window_past_max_seq_len_for_rope_only(tmp_path, capsys):
+    from nodelm_lib.cli import main
+
+    for position in ("rope", "learned"):
+        torch.manual_seed(0)
+        model = nl.build_model(nl.ModelConfig(vocab_size=256, d_model=16, n_heads=2, n_layers=2,
+                                              max_seq_len=CONTEXT, position=position))
+        nl.save_checkpoint(model, tmp_path / f"{position}.pt", tokenizer="char")
+    argv = ["generate", "--prompt", "ROMEO:", "--max-new-tokens", "20", "--temperature", "0", "--window", "32"]
+    assert main([*argv, "--checkpoint", str(tmp_path / "rope.pt")]) == 0
+    assert len(capsys.readouterr().out.rstrip("\n")) >= 6
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--checkpoint", str(tmp_path / "learned.pt")])
+    assert exit_info.value.code == 2
+    assert "window=32 exceeds max_seq_len=8" in capsys.readouterr().err

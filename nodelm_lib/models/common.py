@@ -3,9 +3,9 @@
 A family subclasses ``CausalLM`` and implements ``body(x, **kwargs)``, the map from the
 embedded sequence (B, T, D) to the final hidden states (B, T, D). Everything else (the
 position embeddings and the ``max_seq_len`` check, the loss, initialisation, parameter counts)
-lives here once, as does
-``ODEBlock``, the one place where a model calls the ODE solver, and ``ContinuousDepthLM``,
-the body of the models that are a single time-dependent block integrated over t in [0, 1].
+lives here once, as does ``ODEBlock``, the one place where a model calls the ODE solver, and
+``ContinuousDepthLM``, the body of the models that are a single time-dependent block
+integrated over t in [0, 1].
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class CausalLM(nn.Module):
         if self.context_limit is not None and start + T > self.context_limit:
             raise ValueError(
                 f"sequence length {start + T} exceeds max_seq_len={self.cfg.max_seq_len}; "
-                "crop the context or build the model with a larger max_seq_len"
+                "crop the context, or build the model with a larger max_seq_len or with position='rope'"
             )
         x = self.embed(idx, start)
         if cache is None:
