@@ -254,7 +254,8 @@ def test_cached_passes_with_rope_under_cpu_bf16_autocast_match_the_full_forward(
 
 def reference_gpt_logits(model, idx: torch.Tensor) -> torch.Tensor:
     """A rope gpt's forward written out in float64: explicit rotation matrices, scores, causal
-    mask and softmax, layer norms and MLP from the module's weights (no SDPA, no ``apply_rope``)."""
+    mask and softmax, layer norms and MLP from the module's weights (no SDPA, no ``apply_rope``);
+    sequential or parallel blocks."""
     cfg = model.cfg
     B, T = idx.shape
     D, H = cfg.d_model, cfg.n_heads
@@ -266,15 +267,25 @@ def reference_gpt_logits(model, idx: torch.Tensor) -> torch.Tensor:
     def norm(layer, x):
         return F.layer_norm(x, (D,), layer.weight.double(), layer.bias.double())
 
-    x = model.wte.weight.double()[idx]
     causal = torch.ones(T, T, dtype=torch.bool).tril()
-    for block in model.blocks:
-        q, k, v = (z.reshape(B, T, H, dh).transpose(1, 2) for z in linear(block.attn.c_attn, norm(block.ln_1, x)).split(D, -1))
+
+    def attention(block, x):
+        qkv = linear(block.attn.c_attn, norm(block.ln_1, x)).split(D, -1)
+        q, k, v = (z.reshape(B, T, H, dh).transpose(1, 2) for z in qkv)
         q, k = rotate_slowly(q, 0), rotate_slowly(k, 0)
         scores = (q @ k.transpose(-1, -2) / math.sqrt(dh)).masked_fill(~causal, -math.inf)
-        y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D)
-        x = x + linear(block.attn.c_proj, y)
-        x = x + linear(block.mlp.c_proj, F.gelu(linear(block.mlp.c_fc, norm(block.ln_2, x))))
+        return linear(block.attn.c_proj, (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D))
+
+    def mlp(block, x):
+        return linear(block.mlp.c_proj, F.gelu(linear(block.mlp.c_fc, norm(block.ln_2, x))))
+
+    x = model.wte.weight.double()[idx]
+    for block in model.blocks:
+        if block.parallel:
+            x = x + attention(block, x) + mlp(block, x)
+        else:
+            x = x + attention(block, x)
+            x = x + mlp(block, x)
     return norm(model.ln_f, x) @ model.wte.weight.double().T
 
 
@@ -289,6 +300,16 @@ def test_a_rope_gpt_at_four_times_its_context_matches_a_slow_reference():
     model.blocks[0].attn.rope = False
     with torch.no_grad():
         assert (model(idx)[0].double() - expected).abs().max() > 1e-5
+
+
+def test_a_rope_node_at_four_times_its_context_matches_the_slow_reference_of_its_export():
+    """node's Euler solve is its ``evaluate_at`` gpt (parallel blocks), which the float64
+    reference evaluates independently: the continuous-depth path past max_seq_len."""
+    model = rope_model("node", n=3)
+    idx = torch.randint(0, 64, (2, 4 * CONTEXT), generator=torch.Generator().manual_seed(7))
+    expected = reference_gpt_logits(model.evaluate_at(3), idx)
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0].double(), expected, rtol=0, atol=1e-4)
 
 
 def test_evaluating_a_split_at_four_times_the_context():
