@@ -72,7 +72,7 @@ def attend(qkv: torch.Tensor, n_heads: int, slot: dict | None = None, past: int 
     # (B, T, 3D) -> (3, B, H, T, d_h): q, k, v as views, in three ops whatever the decoding state
     q, k, v = qkv.view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
     if rope:
-        cos, sin = rope_cos_sin(past, T, dh, q.device, q.dtype)
+        cos, sin = _rope_tables(slot, past, T, capacity, dh, q)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     mask, is_causal = None, True
     if slot is not None:
@@ -120,6 +120,18 @@ def _extend_kv(slot: dict, new: torch.Tensor, past: int, capacity: int):
     kv = slot["kv"]  # narrow / copy_ / unbind: single ops, where slice indexing parses in Python
     kv.narrow(3, past, T).copy_(new)
     return kv.narrow(3, 0, past + T).unbind(0)
+
+
+def _rope_tables(slot: dict | None, past: int, T: int, capacity: int, dh: int, like: torch.Tensor):
+    """``rope_cos_sin`` for positions past .. past + T - 1. While decoding, views of tables over
+    the slot's ``capacity`` positions made on its first pass (the same numbers): a decoded token
+    then costs two views here, not a dozen small ops per call site."""
+    if slot is None:
+        return rope_cos_sin(past, T, dh, like.device, like.dtype)
+    if "rope" not in slot:
+        slot["rope"] = rope_cos_sin(0, capacity, dh, like.device, like.dtype)
+    cos, sin = slot["rope"]
+    return cos.narrow(0, past, T), sin.narrow(0, past, T)
 
 
 def rope_cos_sin(start: int, length: int, head_dim: int, device=None,
