@@ -99,7 +99,7 @@ def _generate(args: argparse.Namespace) -> int:
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     stream = TextStream(tok, ids)
     generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-             top_p=args.top_p, use_cache=not args.no_cache, generator=generator,
+             top_p=args.top_p, use_cache=not args.no_cache, generator=generator, window=args.window,
              on_token=lambda token: stream.add(token.item()))
     stream.close()
     return 0
@@ -251,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=number(0.0, 1.0, low_open=True), default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context for every token")
+    p.add_argument("--window", type=count(1), default=None,
+                   help="context tokens each new token sees (default: max_seq_len; more only with model.position=rope)")
     p.add_argument("--tokenizer", choices=("char", "gpt2"), help="default: the one stored in the checkpoint")
     p.add_argument("--data-dir", default=None, help="where the offline data (tiktoken cache) lives")
     p.add_argument("--device", default="cpu")

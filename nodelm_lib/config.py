@@ -31,6 +31,9 @@ ARCHS = ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm")
 CONTINUOUS_ARCHS = ("node", "ti_mlp", "ti_ssm")
 MODULATIONS = ("time", "constant")
 INTEGRATIONS = ("ode", "residual")
+# how a model knows where a token is: a learned table added to the token embeddings, or rotary
+# embeddings (q and k rotated by their position in every attention layer, nothing learned)
+POSITIONS = ("learned", "rope")
 DTYPES = ("float32", "bfloat16")
 # what validation and test losses are computed over: `eval_batches` random windows drawn with
 # `eval_seed`, the whole split cut into consecutive windows (every token scored once), or the
@@ -153,6 +156,16 @@ class ModelConfig:
       dependence needed?); ``integration="residual"`` steps x + f(t_k, x) instead of
       x + dt f(t_k, x) (needs ``ode.method="euler"``). ``ssm_state_size`` is N, the state
       size per channel of ti_ssm's state-space layer.
+    - ``position``: ``"learned"`` (the default) adds a learned table of ``max_seq_len``
+      position embeddings to the token embeddings; ``"rope"`` has no table and instead rotates
+      every attention layer's queries and keys by angles proportional to their absolute
+      positions (rotary embeddings, RoFormer), so that attention scores depend on relative
+      positions only. It applies to every arch, through its attention layers (``ssm`` and
+      ``ti_ssm`` have attention too; their scan is positional by construction and unchanged). A
+      rope model evaluates sequences of any length: ``max_seq_len`` is then its training
+      context (``TrainConfig.seq_len`` is still capped by it) and ``generate``'s default window,
+      not a limit. Rope rotates pairs of each head's dimensions, so ``d_model / n_heads`` must
+      be even.
     """
 
     arch: str = "gpt"
@@ -176,12 +189,14 @@ class ModelConfig:
     modulation: str = "time"
     integration: str = "ode"
     ssm_state_size: int = 16
+    position: str = "learned"
 
     def __post_init__(self) -> None:
         _check_types(self, "model.")
         _check_choice("model.arch", self.arch, ARCHS)
         _check_choice("model.modulation", self.modulation, MODULATIONS)
         _check_choice("model.integration", self.integration, INTEGRATIONS)
+        _check_choice("model.position", self.position, POSITIONS)
         if self.vocab_size is not None:
             _check_positive("model.vocab_size", self.vocab_size)
         for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "mlp_ratio", "time_hidden",
@@ -193,6 +208,10 @@ class ModelConfig:
             raise ValueError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}"
             )
+        if self.position == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"model.position='rope' rotates pairs of each head's dimensions, but "
+                             f"model.d_model / model.n_heads = {self.d_model // self.n_heads} is odd; "
+                             f"choose d_model and n_heads with an even quotient")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout!r} is not valid; it must be in [0, 1)")
         _check_positive("model.control_dim", self.control_dim, allow_zero=True)
@@ -359,15 +378,28 @@ NON_SEMANTIC_KEYS = frozenset({"out_dir", "checkpoint_interval", "resume", "log_
 
 
 # Fields added after runs were stored, with the value those runs had: left out of the hash
-# while they hold it, so that every stored record keeps its name.
-HASHED_ONLY_IF_CHANGED = {"eval_on": "batches", "compile": False, "init_from": None}
+# while they hold it, so that every stored record keeps its name. A nested field is named by
+# its dotted path from TrainConfig ("model.position").
+HASHED_ONLY_IF_CHANGED = {"eval_on": "batches", "compile": False, "init_from": None, "model.position": "learned"}
 
 
 def config_hash(cfg: TrainConfig) -> str:
-    d = {k: v for k, v in to_dict(cfg).items()
-         if k not in NON_SEMANTIC_KEYS and not (k in HASHED_ONLY_IF_CHANGED and v == HASHED_ONLY_IF_CHANGED[k])}
+    d = {k: v for k, v in to_dict(cfg).items() if k not in NON_SEMANTIC_KEYS}
+    _drop_defaults(d, HASHED_ONLY_IF_CHANGED)
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _drop_defaults(d: dict, defaults: dict[str, Any]) -> None:
+    """Remove from the nested dict ``d``, in place, every (dotted) key of ``defaults`` that holds
+    its value there."""
+    for key, default in defaults.items():
+        *parents, leaf = key.split(".")
+        node = d
+        for parent in parents:
+            node = node.get(parent) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and node[leaf] == default:
+            del node[leaf]
 
 
 # --------------------------------------------------------------------------- dict / YAML

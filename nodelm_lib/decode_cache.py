@@ -33,7 +33,7 @@ class DecodeCache:
     """
 
     def __init__(self, capacity: int):
-        self.capacity = capacity  # positions the K/V buffers hold (the model's max_seq_len)
+        self.capacity = capacity  # positions the K/V buffers hold (generate's window, max_seq_len by default)
         self.length = 0
         self._slots: list[dict] = []
         self._cursor = 0

@@ -63,7 +63,8 @@ class Frozen:
     ``form``: ``"sequential"`` (x + Attn(LN_1 x), then + Mixer(LN_2 .)), ``"parallel"``
     (x + Attn(LN_1 x) + Mixer(LN_2 x)), or ``"field"``: scale * (Attn(LN_1 h) + Mixer(LN_2 h))
     with h = x + shift_1 + shift_2 ... (no residual: the solver adds it). ``mixer`` is an MLP's
-    (c_fc, c_proj) weights or a ``FrozenSSM``.
+    (c_fc, c_proj) weights or a ``FrozenSSM``. ``rope``: the attention rotates queries and keys
+    (``layers.attend``).
     """
 
     form: str
@@ -75,6 +76,7 @@ class Frozen:
     mixer: tuple[Weights, Weights] | FrozenSSM
     shifts: tuple[torch.Tensor, ...] = field(default_factory=tuple)
     scale: torch.Tensor | None = None
+    rope: bool = False
 
 
 # --------------------------------------------------------------------------- freezing
@@ -106,7 +108,7 @@ def freeze_block(block: Block | SSMBlock) -> Frozen:
     mixer = block.mlp if isinstance(block, Block) else block.mixer
     return Frozen("parallel" if block.parallel else "sequential", block.attn.n_heads, _norm(block.ln_1, None),
                   _linear(block.attn.c_attn, None), _linear(block.attn.c_proj, None), _norm(block.ln_2, None),
-                  _mixer(mixer, None))
+                  _mixer(mixer, None), rope=block.attn.rope)
 
 
 def freeze_field(f: nn.Module, t: torch.Tensor, control: torch.Tensor | None, device) -> Frozen:
@@ -123,7 +125,7 @@ def freeze_field(f: nn.Module, t: torch.Tensor, control: torch.Tensor | None, de
     mixer = f.mixer if isinstance(f, TimeIndexedField) else f.mlp
     return Frozen("field", f.attn.n_heads, _norm(f.ln_1, time_input), _linear(f.attn.c_attn, time_input),
                   _linear(f.attn.c_proj, time_input), _norm(f.ln_2, time_input), _mixer(mixer, time_input),
-                  shifts, scale)
+                  shifts, scale, f.attn.rope)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -148,7 +150,7 @@ def _mix(mixer, u: torch.Tensor, slot: dict) -> torch.Tensor:
 
 
 def _attention(frozen: Frozen, h: torch.Tensor, slot: dict, past: int, capacity: int) -> torch.Tensor:
-    y = attend(F.linear(h, *frozen.qkv), frozen.n_heads, slot, past, capacity)
+    y = attend(F.linear(h, *frozen.qkv), frozen.n_heads, slot, past, capacity, rope=frozen.rope)
     return F.linear(y, *frozen.proj)
 
 
@@ -219,7 +221,8 @@ class FastDecoder:
 
     ``decoder(idx)`` takes the next positions (B, T) (the prompt first, then one token at a
     time) and returns the logits of the last one, (B, V); ``length`` positions are held, at
-    most ``capacity``. ``control`` is the hybrid's control vector, as ``model(..., control=)``.
+    most ``capacity`` (and at most ``max_seq_len`` with learned positions). ``control`` is the
+    hybrid's control vector, as ``model(..., control=)``.
     """
 
     def __init__(self, model: CausalLM, capacity: int, control: torch.Tensor | None = None):
@@ -241,9 +244,11 @@ class FastDecoder:
 
     def __call__(self, idx: torch.Tensor) -> torch.Tensor:
         model, past, T = self.model, self.cache.length, idx.shape[1]
-        if past + T > model.cfg.max_seq_len:
+        if model.context_limit is not None and past + T > model.context_limit:  # learned positions
             raise ValueError(f"sequence length {past + T} exceeds max_seq_len={model.cfg.max_seq_len}")
-        x = model.wte.weight[idx] + model.wpe.weight[past:past + T]  # CausalLM.embed, without dropout
+        x = model.wte.weight[idx]  # CausalLM.embed, without dropout
+        if model.wpe is not None:
+            x = x + model.wpe.weight[past:past + T]
         with self.cache.step(T), _without_onednn() if self._native else contextlib.nullcontext():
             for stage in self.stages:
                 x = self._solve(stage, x) if isinstance(stage, ODEBlock) else self._evaluate(lambda: freeze_block(stage), x)

@@ -9,10 +9,14 @@ one position. For the library's own models that pass runs through ``fast_decode.
 (each call site's weights frozen on the first pass, plain functions after); any other model
 through its modules (``model(idx, cache=cache)``).
 
-Positions are absolute (learned position embeddings), so when the sequence outgrows
-``max_seq_len`` the context is cropped to the last ``max_seq_len`` tokens and the cache is
-rebuilt from them: every later token costs a full pass over the window, exactly as without a
-cache, and the tokens are the same either way.
+The context is a window of the last ``window`` tokens (default ``max_seq_len``): when the
+sequence outgrows it, the context is cropped to the last ``window`` tokens and the cache is
+rebuilt from them, at positions 0 .. window - 1: every later token costs a full pass over the
+window, exactly as without a cache, and the tokens are the same either way. With learned
+positions the window cannot exceed ``max_seq_len`` (the table ends there). With rope it may
+(``generate(..., window=4 * max_seq_len)``): nothing is indexed by position, though a model
+trained on ``max_seq_len`` tokens is not promised to use a longer context well, so the default
+stays the context it was trained at.
 """
 
 from __future__ import annotations
@@ -70,6 +74,20 @@ def _is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def decoding_window(model: CausalLM, window: int | None) -> int:
+    """The number of tokens ``generate`` keeps as context: ``window``, by default ``max_seq_len``;
+    a ValueError if it is not a positive integer, or if it exceeds what learned positions allow."""
+    if window is None:
+        return model.cfg.max_seq_len
+    if not _is_int(window) or window < 1:
+        raise ValueError(f"window={window!r} is not valid; it must be an integer >= 1 (or None: max_seq_len)")
+    limit = model.context_limit
+    if limit is not None and window > limit:
+        raise ValueError(f"window={window} exceeds max_seq_len={limit}: a model with model.position='learned' "
+                         f"has no position embedding past it (a model with position='rope' has no such limit)")
+    return window
+
+
 def _check_args(model, idx, max_new_tokens, temperature, top_k, top_p) -> None:
     if not isinstance(model, CausalLM):
         raise TypeError(f"model must be a nodelm CausalLM (from nl.build_model), got {type(model).__name__}")
@@ -91,7 +109,7 @@ def _check_args(model, idx, max_new_tokens, temperature, top_k, top_p) -> None:
 def generate(model: CausalLM, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
              generator: torch.Generator | None = None, return_logits: bool = False,
-             on_token: Callable[[torch.Tensor], None] | None = None, **model_kwargs):
+             on_token: Callable[[torch.Tensor], None] | None = None, window: int | None = None, **model_kwargs):
     """Extend ``idx`` (B, T) by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens).
 
     ``temperature=0`` is greedy decoding; ``top_k`` / ``top_p`` restrict sampling;
@@ -100,13 +118,15 @@ def generate(model: CausalLM, idx: torch.Tensor, max_new_tokens: int, temperatur
     also returns the logits each new token was drawn from, (B, max_new_tokens, V).
     ``on_token``, if given, is called with each new (B, 1) token as soon as it is drawn: for
     streaming output, or timing every token (``bench/decode.py``).
+    ``window``: how many of the last tokens each new one sees (default ``max_seq_len``; longer
+    only with ``position="rope"``; module docstring).
     ``model_kwargs`` go to every forward (e.g. the hybrid's ``control``). The model is put in
     eval mode for the call and restored afterwards.
     """
     _check_args(model, idx, max_new_tokens, temperature, top_k, top_p)
     if use_cache and (reason := cache_unsupported_reason(model)):
         raise ValueError(f"cannot decode with a cache: {reason}")
-    window = model.cfg.max_seq_len
+    window = decoding_window(model, window)
     was_training = model.training
     model.eval()
     fast = use_cache and fast_decode.supports(model, model_kwargs)

@@ -3,7 +3,9 @@ values), the MLP and the pre-LN block.
 
 Every model family is assembled from these, so a fix here (or a faster kernel) reaches all
 of them. Attention uses ``F.scaled_dot_product_attention(is_causal=True)``: position i
-attends to positions <= i only, which the causality tests check for every model.
+attends to positions <= i only, which the causality tests check for every model. With
+``rope=True`` it rotates queries and keys by their positions first (``rope_cos_sin``,
+``apply_rope``): a model with ``position="rope"`` knows positions through that alone.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import torch.nn.functional as F
 
 from .decode_cache import active_cache
 
+# the base of the rotary frequencies theta_i = base^(-2i / d_h), as in RoFormer, GPT-NeoX and LLaMA
+ROPE_BASE = 10000.0
+
 
 class CausalSelfAttention(nn.Module):
     r"""Multi-head causal self-attention.
@@ -21,47 +26,59 @@ class CausalSelfAttention(nn.Module):
     For heads h = 1..H with d_h = D / H:
     :math:`\mathrm{head}_h = \mathrm{softmax}(Q_h K_h^\top / \sqrt{d_h} + M) V_h`, with M the
     causal mask (0 where j <= i, -inf elsewhere), and the output ``W_O [head_1; ...; head_H]``.
-    Q, K, V come from one fused (D, 3D) projection.
+    Q, K, V come from one fused (D, 3D) projection. With ``rope=True``, Q_h and K_h are rotated
+    by their positions first (``apply_rope``).
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, rope: bool = False):
         super().__init__()
         assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
         self.n_heads = n_heads
+        self.rope = rope
         self.c_attn = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.c_proj = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = causal_attention(self.c_attn(x), self.n_heads, self.dropout if self.training else 0.0)
+        y = causal_attention(self.c_attn(x), self.n_heads, self.dropout if self.training else 0.0, self.rope)
         return self.resid_dropout(self.c_proj(y))
 
 
-def causal_attention(qkv: torch.Tensor, n_heads: int, dropout_p: float = 0.0) -> torch.Tensor:
+def causal_attention(qkv: torch.Tensor, n_heads: int, dropout_p: float = 0.0, rope: bool = False) -> torch.Tensor:
     """Causal multi-head attention from fused projections ``qkv`` (B, T, 3D) to (B, T, D),
     before the output projection. Shared by every attention layer, fixed or time-dependent.
+    ``rope``: rotate queries and keys by their positions (``apply_rope``).
 
     While decoding with a ``DecodeCache``, the T new positions attend to the cached keys and
-    values of this call site as well as to each other (causally)."""
+    values of this call site as well as to each other (causally); they are positions
+    ``cache.length`` onwards, which is where rope rotates them to."""
     cache = active_cache()
     if cache is None:
-        return attend(qkv, n_heads, dropout_p=dropout_p)
-    return attend(qkv, n_heads, cache.slot(), cache.length, cache.capacity, dropout_p)
+        return attend(qkv, n_heads, dropout_p=dropout_p, rope=rope)
+    return attend(qkv, n_heads, cache.slot(), cache.length, cache.capacity, dropout_p, rope)
 
 
 def attend(qkv: torch.Tensor, n_heads: int, slot: dict | None = None, past: int = 0, capacity: int = 0,
-           dropout_p: float = 0.0) -> torch.Tensor:
+           dropout_p: float = 0.0, rope: bool = False) -> torch.Tensor:
     """``causal_attention`` with its decoding state explicit: with a ``slot``, the keys and values
     of ``past`` earlier positions are read from it (buffers of ``capacity`` positions) and the
-    new ones written to it (``fast_decode`` calls this directly)."""
+    new ones written to it (``fast_decode`` calls this directly). The T new positions are
+    ``past .. past + T - 1``: with ``rope`` their queries and keys are rotated to those absolute
+    positions, and the cache keeps rotated keys, so a cached key never needs rotating again."""
     B, T, D3 = qkv.shape
     D = D3 // 3
+    H, dh = n_heads, D // n_heads
     # (B, T, 3D) -> (3, B, H, T, d_h): q, k, v as views, in three ops whatever the decoding state
-    q, k, v = qkv.view(B, T, 3, n_heads, D // n_heads).permute(2, 0, 3, 1, 4).unbind(0)
+    q, k, v = qkv.view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)
+    if rope:
+        cos, sin = _rope_tables(slot, past, T, capacity, dh, q)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     mask, is_causal = None, True
     if slot is not None:
-        k, v = _extend_kv(slot, qkv, k, past, capacity)
+        # the new keys and values as (2, B, H, T, d_h): a view of qkv, unless rope made new keys
+        new = torch.stack((k, v)) if rope else qkv.view(B, T, 3, H, dh).narrow(2, 1, 2).permute(2, 0, 3, 1, 4)
+        k, v = _extend_kv(slot, new, past, capacity)
         if past and T == 1:  # one new query sees every key
             is_causal = False
         elif past:  # query i (position past + i) sees keys 0 .. past + i
@@ -93,16 +110,55 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowe
     return weights @ v
 
 
-def _extend_kv(slot: dict, qkv: torch.Tensor, k: torch.Tensor, past: int, capacity: int):
-    """Write the new keys and values (of ``qkv``; ``k`` is the keys' (B, H, T, d_h) view) at
-    positions past .. past + T of the slot's buffer (2, B, H, capacity, d_h), allocated once,
-    in one copy; return views of the keys and values so far."""
-    B, H, T, dh = k.shape
+def _extend_kv(slot: dict, new: torch.Tensor, past: int, capacity: int):
+    """Write the new keys and values ``new`` (2, B, H, T, d_h) at positions past .. past + T of
+    the slot's buffer (2, B, H, capacity, d_h), allocated once, in one copy; return views of the
+    keys and values so far."""
+    _, B, H, T, dh = new.shape
     if "kv" not in slot:
-        slot["kv"] = k.new_empty(2, B, H, capacity, dh)
+        slot["kv"] = new.new_empty(2, B, H, capacity, dh)
     kv = slot["kv"]  # narrow / copy_ / unbind: single ops, where slice indexing parses in Python
-    kv.narrow(3, past, T).copy_(qkv.view(B, T, 3, H, dh).narrow(2, 1, 2).permute(2, 0, 3, 1, 4))
+    kv.narrow(3, past, T).copy_(new)
     return kv.narrow(3, 0, past + T).unbind(0)
+
+
+def _rope_tables(slot: dict | None, past: int, T: int, capacity: int, dh: int, like: torch.Tensor):
+    """``rope_cos_sin`` for positions past .. past + T - 1. While decoding, views of tables over
+    the slot's ``capacity`` positions made on its first pass (the same numbers): a decoded token
+    then costs two views here, not a dozen small ops per call site."""
+    if slot is None:
+        return rope_cos_sin(past, T, dh, like.device, like.dtype)
+    if "rope" not in slot:
+        slot["rope"] = rope_cos_sin(0, capacity, dh, like.device, like.dtype)
+    cos, sin = slot["rope"]
+    return cos.narrow(0, past, T), sin.narrow(0, past, T)
+
+
+def rope_cos_sin(start: int, length: int, head_dim: int, device=None,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""cos and sin of the rotary angles :math:`p\,\theta_i` for the positions p = start ..
+    start + length - 1 and the frequencies :math:`\theta_i = 10000^{-2i/d_h}`, i < d_h / 2:
+    two (length, d_h / 2) tensors in ``dtype``.
+
+    Computed for the positions asked for, not read from a table, so that no length is a limit.
+    The angles are formed in float64 (float32 on MPS, which has none): an angle grows with its
+    position, and so does its float32 rounding error (~1e-3 rad by position 16k)."""
+    exact = torch.float32 if torch.device(device or "cpu").type == "mps" else torch.float64
+    freqs = ROPE_BASE ** (-torch.arange(0, head_dim, 2, device=device, dtype=exact) / head_dim)
+    angles = torch.arange(start, start + length, device=device, dtype=exact)[:, None] * freqs
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    r"""Rotary position embedding of x (..., T, d_h) with ``rope_cos_sin``'s (T, d_h / 2) tables:
+    each pair (x_i, x_{i + d_h/2}) is rotated by the angle of its position and frequency i
+    (the half-split layout of GPT-NeoX and LLaMA in HF).
+
+    Rotations of q at position m and k at position n give
+    :math:`(R_m q)^\top R_n k = q^\top R_{n-m} k`: attention scores see only the relative
+    position n - m, and a key rotated once, when it is cached, stays right for every later query."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 def mlp_hidden(d_model: int, ratio: float) -> int:
@@ -129,15 +185,15 @@ class Block(nn.Module):
 
     ``parallel=True`` is the parallel form (GPT-J, PaLM) ``x + Attn(LN_1(x)) + MLP(LN_2(x))``:
     one Euler step of the continuous-depth models' field, which is what ``node.evaluate_at``
-    exports into.
+    exports into. ``rope``: rotary positions in its attention (``CausalSelfAttention``).
     """
 
     def __init__(self, d_model: int, n_heads: int, mlp_ratio: float = 4, dropout: float = 0.0, bias: bool = True,
-                 parallel: bool = False):
+                 parallel: bool = False, rope: bool = False):
         super().__init__()
         self.parallel = parallel
         self.ln_1 = nn.LayerNorm(d_model, bias=bias)
-        self.attn = CausalSelfAttention(d_model, n_heads, dropout, bias)
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout, bias, rope)
         self.ln_2 = nn.LayerNorm(d_model, bias=bias)
         self.mlp = MLP(d_model, mlp_ratio, dropout, bias)
 

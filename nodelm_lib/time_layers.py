@@ -307,18 +307,20 @@ class StaticLinear(nn.Linear):
 
 class TimeAttention(nn.Module):
     """Causal self-attention whose two projections are time-dependent layers made by
-    ``linear(in_features, out_features)``; ``forward(x, code)`` passes the time code on."""
+    ``linear(in_features, out_features)``; ``forward(x, code)`` passes the time code on.
+    ``rope``: rotary positions, as in ``layers.CausalSelfAttention``."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, linear):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, linear, rope: bool = False):
         super().__init__()
         self.n_heads = n_heads
+        self.rope = rope
         self.dropout = dropout
         self.c_attn = linear(d_model, 3 * d_model)
         self.c_proj = linear(d_model, d_model)
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
-        y = causal_attention(self.c_attn(x, code), self.n_heads, self.dropout if self.training else 0.0)
+        y = causal_attention(self.c_attn(x, code), self.n_heads, self.dropout if self.training else 0.0, self.rope)
         return self.resid_dropout(self.c_proj(y, code))
 
 

@@ -308,9 +308,9 @@ def evaluate_split(model: CausalLM, tokens, seq_len: int, batch_size: int = 8, m
     """Mean loss over a whole split cut into consecutive, non-overlapping windows of
     ``seq_len`` (``data.split_windows``: each position scored once, with as much context as
     its window gives), or over the first ``max_windows`` of them. Returns loss, perplexity,
-    bits per token and the number of tokens scored. ``seq_len`` may not exceed the model's
-    ``max_seq_len``."""
-    if seq_len > model.cfg.max_seq_len:
+    bits per token and the number of tokens scored. With learned positions ``seq_len`` may not
+    exceed the model's ``max_seq_len``; a rope model takes any (``CausalLM.context_limit``)."""
+    if model.context_limit is not None and seq_len > model.context_limit:
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_seq_len={model.cfg.max_seq_len} "
                          "(its position embeddings end there)")
     batches = split_windows(tokens, batch_size, seq_len, max_windows)

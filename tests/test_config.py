@@ -1,9 +1,15 @@
 """Config validation, YAML round-trips and command-line style overrides."""
 
+import hashlib
+import json
+from pathlib import Path
+
 import pytest
 
 import nodelm_lib as nl
-from nodelm_lib.config import apply_overrides, from_dict, load_yaml, save_yaml, to_dict
+from nodelm_lib.config import (HASHED_ONLY_IF_CHANGED, NON_SEMANTIC_KEYS, apply_overrides, from_dict, load_yaml,
+                               save_yaml, to_dict)
+from nodelm_lib.integrity import HASH_NAME
 
 
 def test_yaml_round_trip(tmp_path):
@@ -56,3 +62,31 @@ def test_hash_ignores_where_a_run_is_written_but_not_what_it_computes():
     a = nl.TrainConfig()
     assert a.config_hash() == nl.TrainConfig(out_dir="/tmp/x", progress=False).config_hash()
     assert a.config_hash() != nl.TrainConfig(seed=1).config_hash()
+
+
+RUNS = Path(__file__).resolve().parent.parent / "results" / "runs"
+
+
+def test_committed_records_keep_their_hashes():
+    """Every committed record of a store (named by its hash) hashes to its name from its stored
+    config: fields added since (``HASHED_ONLY_IF_CHANGED``, e.g. model.position) are left out."""
+    records = sorted(p for p in RUNS.glob("*/*.json") if HASH_NAME.fullmatch(p.stem))
+    assert len(records) >= 50, f"expected the committed cpu stores under {RUNS}"
+    for path in records:
+        config = json.loads(path.read_text())["config"]
+        assert "position" not in config["model"], f"{path} predates model.position"
+        assert from_dict(nl.TrainConfig, config).config_hash() == path.stem, path
+
+
+def test_a_nested_field_added_later_is_hashed_only_when_changed():
+    """model.position at its default leaves the hash what it was before the field existed (the
+    hash of the config without it); any other value changes it."""
+    tc = nl.TrainConfig()
+    d = {k: v for k, v in to_dict(tc).items() if k not in NON_SEMANTIC_KEYS
+         and not (k in HASHED_ONLY_IF_CHANGED and v == HASHED_ONLY_IF_CHANGED[k])}
+    assert d["model"].pop("position") == "learned"
+    before = hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert tc.config_hash() == before
+    rope = nl.TrainConfig(model=nl.ModelConfig(position="rope"))
+    assert rope.config_hash() != before
+    assert from_dict(nl.TrainConfig, to_dict(rope)).config_hash() == rope.config_hash()

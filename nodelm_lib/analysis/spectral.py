@@ -18,7 +18,9 @@ W_K = W[D:2D], W_V = W[2D:], head h the rows h d_h:(h+1) d_h (d_h = D / H) of ea
 - **QK** = W_K^h W_Q^h^T (d_h x d_h). The attention score is q_i . k_j = x_i^T (W_Q^h^T W_K^h) x_j
   (before the 1/sqrt(d_h) of softmax, which is left out); that bilinear form's D x D matrix
   W_Q^h^T W_K^h has rank d_h and the same nonzero eigenvalues as its d_h x d_h twin (AB and BA).
-  In Tong's row-vector notation (Q = X W_Q, W_Q of shape D x d_h) it is W_Q W_K^T.
+  In Tong's row-vector notation (Q = X W_Q, W_Q of shape D x d_h) it is W_Q W_K^T. With
+  ``position="rope"`` the score is x_i^T W_Q^h^T R_{j-i} W_K^h x_j (R a rotation by the distance):
+  QK is then the form at distance 0.
 - **OV** = W_V^h W_O[:, h] (d_h x d_h), the twin of the head's D x D value-to-output map
   W_O[:, h] W_V^h (x_j -> its contribution to the output, rank d_h); Tong's W_V W_O.
 - **FF** = the MLP's linear part W_2 W_1 (D x D, W_1 = c_fc's (M, D), W_2 = c_proj's (D, M)), the

@@ -55,7 +55,8 @@ def match_params(cfg: ModelConfig, target_params: int, by: str = "d_model") -> M
     """A copy of ``cfg`` resized so that its non-embedding parameter count is as close as
     possible to ``target_params``.
 
-    ``by="d_model"`` searches widths that are multiples of ``n_heads``; ``by="mlp_ratio"``
+    ``by="d_model"`` searches widths that are multiples of ``n_heads`` (of ``2 n_heads`` with
+    ``position="rope"``, whose heads need an even width); ``by="mlp_ratio"``
     searches the MLP's hidden size (any integer, so the ratio may be fractional) and keeps
     the width. The count grows monotonically in both, so a bisection over the integers
     finds the closest. Use ``count_params`` on the result to report what was reached.
@@ -67,9 +68,11 @@ def match_params(cfg: ModelConfig, target_params: int, by: str = "d_model") -> M
     if target_params <= 0:
         raise ValueError(f"target_params={target_params!r} is not valid; it must be > 0")
 
+    head_step = 2 if cfg.position == "rope" else 1  # rope rotates pairs of each head's dimensions
+
     def resized(k: int) -> ModelConfig:
         if by == "d_model":
-            return dataclasses.replace(cfg, d_model=k * cfg.n_heads)
+            return dataclasses.replace(cfg, d_model=k * head_step * cfg.n_heads)
         return dataclasses.replace(cfg, mlp_ratio=k / cfg.d_model)
 
     def count(k: int) -> int:

@@ -2,9 +2,10 @@
 
 A family subclasses ``CausalLM`` and implements ``body(x, **kwargs)``, the map from the
 embedded sequence (B, T, D) to the final hidden states (B, T, D). Everything else (the
-``max_seq_len`` check, the loss, initialisation, parameter counts) lives here once, as does
-``ODEBlock``, the one place where a model calls the ODE solver, and ``ContinuousDepthLM``,
-the body of the models that are a single time-dependent block integrated over t in [0, 1].
+position embeddings and the ``max_seq_len`` check, the loss, initialisation, parameter counts)
+lives here once, as does ``ODEBlock``, the one place where a model calls the ODE solver, and
+``ContinuousDepthLM``, the body of the models that are a single time-dependent block
+integrated over t in [0, 1].
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ class CausalLM(nn.Module):
 
     ``model(idx, targets, return_logits=False)`` returns ``(None, loss)`` and computes the loss
     in chunks without materialising the (B, T, V) logits (what training and evaluation use).
+
+    Positions (``cfg.position``): ``"learned"`` adds ``wpe``, a table of ``max_seq_len``
+    embeddings, to the token embeddings, and refuses longer sequences; with ``"rope"`` there is
+    no table (``wpe`` is None) and the attention layers rotate queries and keys instead
+    (``layers.apply_rope``), so any length runs (``context_limit``).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -58,7 +64,7 @@ class CausalLM(nn.Module):
         # dataset, step, ...; ``checkpoints.load_model``); empty for a model built here
         self.checkpoint_metadata: dict = {}
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -77,10 +83,10 @@ class CausalLM(nn.Module):
             raise ValueError("decoding with a cache under torch.compile is not supported: pass the "
                              "uncompiled model (nl.generate does)")
         start = cache.length if cache is not None else 0
-        if start + T > self.cfg.max_seq_len:
+        if self.context_limit is not None and start + T > self.context_limit:
             raise ValueError(
                 f"sequence length {start + T} exceeds max_seq_len={self.cfg.max_seq_len}; "
-                "crop the context or build the model with a larger max_seq_len"
+                "crop the context, or build the model with a larger max_seq_len or with position='rope'"
             )
         x = self.embed(idx, start)
         if cache is None:
@@ -96,11 +102,20 @@ class CausalLM(nn.Module):
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss
 
+    @property
+    def context_limit(self) -> int | None:
+        """The most positions a sequence may have: ``max_seq_len`` with learned positions (the
+        table ends there), None with rope (no limit: ``max_seq_len`` is the training context)."""
+        return self.cfg.max_seq_len if self.wpe is not None else None
+
     def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """The embedded sequence drop(wte(idx) + wpe(pos)) for idx (B, T) at positions start, start + 1, ...:
-        what ``body`` receives (for a continuous-depth model, x(0))."""
-        pos = torch.arange(start, start + idx.shape[1], device=idx.device)
-        return self.drop(self.wte(idx) + self.wpe(pos))
+        """The embedded sequence drop(wte(idx) + wpe(pos)) for idx (B, T) at positions start, start + 1, ...
+        (with rope drop(wte(idx)): attention adds the positions): what ``body`` receives (for a
+        continuous-depth model, x(0))."""
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(start, start + idx.shape[1], device=idx.device))
+        return self.drop(x)
 
     def set_ode(self, ode: ODEConfig | None = None, **changes) -> None:
         """Solve every ODE block with another configuration from now on.
@@ -152,10 +167,11 @@ class CausalLM(nn.Module):
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count (the tied head counted once). ``non_embedding`` leaves out the
-        token and position embeddings, the usual basis for comparing model sizes."""
+        token and position embeddings (a rope model has none of the latter), the usual basis
+        for comparing model sizes."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.wte.weight.numel() + self.wpe.weight.numel()
+            n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
         return n
 
     def param_groups(self) -> dict[str, list[str]]:

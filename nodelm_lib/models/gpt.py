@@ -20,7 +20,7 @@ class GPT(CausalLM):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.blocks = nn.ModuleList(
-            Block(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.bias, cfg.parallel)
+            Block(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.bias, cfg.parallel, cfg.position == "rope")
             for _ in range(cfg.n_layers)
         )
         self.init_weights(n_residual_layers=cfg.n_layers)

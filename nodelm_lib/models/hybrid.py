@@ -31,7 +31,7 @@ class HybridField(nn.Module):
         self.time_embed = TimeEmbedding(cfg.d_model)
         self.control_proj = nn.Linear(cfg.control_dim, cfg.d_model, bias=False) if cfg.control_dim else None
         self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias)
+        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, cfg.position == "rope")
         self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mlp = MLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout, cfg.bias)
         self.scale = nn.Parameter(torch.tensor(float(cfg.ode_scale_init)))
@@ -76,7 +76,8 @@ class HybridODETransformer(CausalLM):
         super().__init__(cfg)
 
         def blocks(n: int) -> nn.ModuleList:
-            return nn.ModuleList(Block(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.bias, cfg.parallel)
+            return nn.ModuleList(Block(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.bias, cfg.parallel,
+                                       cfg.position == "rope")
                                  for _ in range(n))
 
         self.early_blocks = blocks(cfg.ode_start)

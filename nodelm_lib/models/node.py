@@ -12,7 +12,8 @@ n-layer parallel-block transformer with dt-scaled residual updates: ``evaluate_a
 exactly that model as an ordinary ``gpt``.
 
 Unlike the extension's published code (seed 001 README), attention is causal and the
-model has position embeddings: both come from the shared ``CausalLM``.
+model has positions (a learned table, or rotary ones with ``position="rope"``): both come from
+the shared ``CausalLM`` and its attention layers.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class NodeField(nn.Module):
             return HyperLinear(in_features, out_features, cfg.hyper_dim, code_dim, cfg.time_hidden, cfg.bias)
 
         self.ln_1 = TimeLayerNorm(cfg.d_model, code_dim, cfg.bias)
-        self.attn = TimeAttention(cfg.d_model, cfg.n_heads, cfg.dropout, linear)
+        self.attn = TimeAttention(cfg.d_model, cfg.n_heads, cfg.dropout, linear, cfg.position == "rope")
         self.ln_2 = TimeLayerNorm(cfg.d_model, code_dim, cfg.bias)
         self.mlp = TimeMLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout, linear)
 
@@ -83,8 +84,9 @@ class NeuralODETransformer(ContinuousDepthLM):
         cfg = dataclasses.replace(self.cfg, arch="gpt", n_layers=n, parallel=True, ode=ODEConfig(n_steps=n),
                                   modulation="time", integration="ode")
         gpt = GPT(cfg).to(self.wte.weight.device, self.wte.weight.dtype)
-        for name in ("wte", "wpe", "ln_f"):
-            getattr(gpt, name).load_state_dict(getattr(self, name).state_dict())
+        for name in ("wte", "wpe", "ln_f"):  # the gpt has the same position kind: no wpe with rope
+            if getattr(self, name) is not None:
+                getattr(gpt, name).load_state_dict(getattr(self, name).state_dict())
         weight = self.wte.weight
         t = self.ode_block.times(weight.dtype, weight.device)  # the interval the ODE block solves over
         for block, (t_i, dt) in zip(gpt.blocks, Solver("euler", n).step_times(t)):  # the solver's own grid
@@ -125,5 +127,5 @@ def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
     layer_norm = (1 + beta) * D * (F + 1)
     block = 2 * layer_norm + hyper_linear(D, 3 * D) + hyper_linear(D, D) + hyper_linear(D, M) + hyper_linear(M, D)
     final_norm = (1 + beta) * D
-    embeddings = cfg.vocab_size * D + cfg.max_seq_len * D
+    embeddings = cfg.vocab_size * D + (cfg.max_seq_len * D if cfg.position == "learned" else 0)  # rope: no table
     return {"total": embeddings + block + final_norm, "non_embedding": block + final_norm}

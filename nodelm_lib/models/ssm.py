@@ -535,7 +535,7 @@ class SSMBlock(nn.Module):
         super().__init__()
         self.parallel = cfg.parallel
         self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias)
+        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, cfg.position == "rope")
         self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mixer = SelectiveSSM(cfg.d_model, cfg.ssm_state_size, None, cfg.bias)
 
@@ -549,7 +549,11 @@ class SSMBlock(nn.Module):
 class SSMTransformer(CausalLM):
     """``ssm``: ``n_layers`` discrete ``SSMBlock``s with their own weights. The control that
     separates ti_ssm's mixer from its time-indexed sharing: ti_ssm differs from it in depth
-    handling only, ``gpt`` (same ``parallel``) in the mixer only."""
+    handling only, ``gpt`` (same ``parallel``) in the mixer only.
+
+    Positions: the scan is positional by construction (a recurrence over positions), so
+    ``position="rope"`` means what it means for ``gpt``: no position table, and each block's
+    attention rotates its queries and keys; the scan is unchanged."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)

@@ -14,7 +14,7 @@ static. ``modulation="constant"`` and ``integration="residual"`` (``ModelConfig`
 seed's two open questions: is the gain from t, and is the dt factor needed?
 
 Unlike the published extension, attention is causal (it pooled the whole window) and
-there are position embeddings (``CausalLM``).
+there are positions (``CausalLM``: a learned table, or rotary ones with ``position="rope"``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class TimeIndexedField(nn.Module):
 
         self.modulation = TimeModulation(cfg.time_features, cfg.time_hidden)
         self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.attn = TimeAttention(cfg.d_model, cfg.n_heads, cfg.dropout, linear)
+        self.attn = TimeAttention(cfg.d_model, cfg.n_heads, cfg.dropout, linear, cfg.position == "rope")
         self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         if mixer == "mlp":
             self.mixer = TimeMLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout, linear)
