@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .data import check_count, split_windows
 from .store import DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, write_evaluations
-from .train import RunRecord, split_tokens
+from .train import RunRecord, resolve_device, split_tokens
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,12 +38,12 @@ def loss_by_position(model: torch.nn.Module, tokens, window: int, batch_size: in
     tokens over ``tokens`` (a split), in eval mode: ``{"loss": array (window,), "windows": n}``.
 
     Entry p averages the loss of predicting token p + 1 of a window from its first p + 1 tokens
-    over every window (the first ``max_windows`` only, if given). The mean of the curve is the
+    over every window (the first ``max_windows`` only, if given); ``device`` may be "auto". The mean of the curve is the
     split's loss at that context (``evaluate_split``). Logits of one batch are (batch_size,
     window, vocab) floats: keep ``batch_size`` small for long windows and large vocabularies."""
     check_count("window", window)
     batches = split_windows(tokens, batch_size, window, max_windows)
-    device = torch.device(device)
+    device = resolve_device(device) if isinstance(device, str) else device
     was_training = model.training
     model.eval()
     total = torch.zeros(window, dtype=torch.float64)
@@ -136,6 +136,7 @@ def _evaluate_positions(record: RunRecord, windows: list[int], split: str, max_w
         raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}, and no stored "
                                 f"loss-by-position curve of it at window {windows[0]}; train it with "
                                 "run(..., need_checkpoint=True)")
+    device = resolve_device(device)
     model = load_model(path, device=device)
     tokens = split_tokens(record.train_config, split)
     out = {}

@@ -70,7 +70,8 @@ RUNS = Path(__file__).resolve().parent.parent / "results" / "runs"
 def test_committed_records_keep_their_hashes():
     """Every committed record of a store (named by its hash) hashes to its name from its stored
     config: fields added since (``HASHED_ONLY_IF_CHANGED``, e.g. model.position) are left out."""
-    records = sorted(p for p in RUNS.glob("*/*.json") if HASH_NAME.fullmatch(p.stem))
+    # the committed stores: a local "smoke" store (the notebooks' nbval runs, not committed) holds newer records
+    records = sorted(p for p in RUNS.glob("*/*.json") if HASH_NAME.fullmatch(p.stem) and p.parent.name != "smoke")
     assert len(records) >= 50, f"expected the committed cpu stores under {RUNS}"
     for path in records:
         config = json.loads(path.read_text())["config"]
