@@ -114,8 +114,8 @@ TOKEN_CACHE_VERSION = 2
 # batches of this many rows), so memory does not grow with the corpus.
 STREAM_CHARS = 1 << 20
 HUB_BATCH_ROWS = 4096
-# Caches at least this large are memory-mapped; smaller ones are read into memory, where a
-# cache file rewritten in place under a running process cannot pull the pages from under it.
+# Caches at least this large are memory-mapped; smaller ones are read into memory, as before:
+# a copy cannot lose its pages if the file is later cut short in place (a map of it would fault).
 MMAP_MIN_BYTES = 64 << 20
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -491,8 +491,9 @@ def _check_variant(corpus: str, variant: str | None) -> str | None:
 
 
 def text_source(corpus: str, split: str, data_dir=None, variant=None) -> TextSource:
-    """Where one split's text comes from, opened but not read (see ``load_text`` for the corpora,
-    variants and the order in which sources are tried). Logs which source it used."""
+    """Where one split's text comes from, opened but not read (tiny-shakespeare's one small file
+    is read whole, to be cut): see ``load_text`` for the corpora, variants and the order in which
+    sources are tried. Logs which source it used."""
     _check_choice("corpus", corpus, CORPORA)
     _check_choice("split", split, SPLITS)
     variant = _check_variant(corpus, variant)
@@ -519,6 +520,7 @@ def text_source(corpus: str, split: str, data_dir=None, variant=None) -> TextSou
 
 
 def _local_source(corpus: str, split: str, root: Path, rel: str) -> TextSource:
+    """The split's text from the file ``root/rel``, checked where SHA256 pins it."""
     path = root / rel
     if corpus == "tinyshakespeare":  # one 1 MB file cut by character: cut in memory
         text = _shakespeare_split(_read_checked(root, rel), split)
