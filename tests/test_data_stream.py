@@ -427,10 +427,10 @@ def test_tokenising_a_large_corpus_takes_bounded_memory(tmp_path, request, token
                          capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["memmap"] and result["ends_match"]
-    if tokenizer == "char":
-        assert result["tokens"] == size
     growth_mib = result["growth_kib"] / 1024
     print(f"{tokenizer}: {size / 2**20:.0f} MiB of text, {result['tokens']:,} tokens, "
           f"peak RSS grew by {growth_mib:.1f} MiB (cap {RSS_CAP_MIB} MiB)")
+    assert result["ends_match"]
+    if tokenizer == "char":  # 512 MiB of uint16 ids: mapped, not read (gpt2's 8 MiB are read)
+        assert result["tokens"] == size and result["memmap"]
     assert growth_mib < RSS_CAP_MIB
