@@ -111,9 +111,9 @@ def test_cut_text_cuts_at_the_first_match_past_the_size():
 
 def test_gpt2_safe_cuts_keep_the_whole_texts_ids(tiktoken_cache):
     """Random text from characters chosen to trip BPE at a cut (runs of mixed whitespace,
-    contractions, non-ASCII letters, characters Python and Rust disagree are spaces), cut at
-    every GPT2_SAFE_CUT place: the ids are the whole text's. Cutting after every newline
-    instead changes them, so the test can tell."""
+    contractions, non-ASCII letters and spaces, and \\x1c, which Python's regexes call whitespace
+    and tiktoken's do not), cut at every GPT2_SAFE_CUT place: the ids are the whole text's.
+    Cutting after every newline instead changes them, so the test can tell."""
     tok = data.get_tokenizer("gpt2")
     alphabet = ["a", "Z", " ", "\n", "\t", "\r", "'", "s", "ll", "1", ".", "=", "@", "é", "日",
                 "\u00a0", "\x1c", "\x85", " \n", "\n ", "\n\n"]
@@ -145,7 +145,7 @@ def test_gpt2_stream_equals_the_whole_text(shared_dir, tiktoken_cache, monkeypat
 def test_char_stream_equals_the_whole_text():
     tok = data.get_tokenizer("char")
     text = "Hello, wörld — 日本語 🙂\n" * 50
-    pieces = [text[i:i + 7] for i in range(0, len(text), 7)]  # cuts inside multi-byte characters
+    pieces = [text[i:i + 7] for i in range(0, len(text), 7)]  # cut anywhere, next to non-ASCII too
     assert np.array_equal(np.concatenate(list(tok.encode_stream(pieces))), tok.encode_array(text))
 
 
