@@ -105,7 +105,7 @@ class Ours:
         self.model = nl.build_model(model_cfg).train()
         self.optimizer = make_optimizer(self.model, self.tc)
         self.groups = self.model.param_groups()
-        self.tokens = torch.from_numpy(ids.astype(np.int64))  # as train.split_tokens holds a split
+        self.tokens = ids  # as train.split_tokens holds a split: load_tokens' array, gathered by sample_batch
         self.batch_gen = torch.Generator().manual_seed(seed)
         self.record = RunRecord(config={}, config_hash="", seed=seed)  # only named by a NonFiniteError
         self.device = torch.device("cpu")

@@ -370,10 +370,11 @@ def with_tokenizer_vocab(tc: TrainConfig) -> TrainConfig:
     return tc
 
 
-def split_tokens(tc: TrainConfig, split: str) -> torch.Tensor:
-    """One split of ``tc``'s corpus as an int64 tensor of token ids."""
-    arr = load_tokens(tc.dataset, split, tc.tokenizer, data_dir=tc.data_dir)
-    return torch.from_numpy(arr.astype(np.int64))
+def split_tokens(tc: TrainConfig, split: str) -> np.ndarray:
+    """One split of ``tc``'s corpus as a 1-D array of token ids, as ``load_tokens`` gives it: a
+    memmap of the token cache for a large corpus (WikiText-103), which ``sample_batch`` and
+    ``split_windows`` read window by window rather than widening it whole to int64."""
+    return load_tokens(tc.dataset, split, tc.tokenizer, data_dir=tc.data_dir)
 
 
 def eval_batches(tc: TrainConfig, split: str) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -228,7 +228,7 @@ def test_tinyshakespeare_char(monkeypatch, tmp_path):
     def no_hub(*args):
         raise ConnectionError("hub unreachable (patched in tests): offline data not found")
 
-    monkeypatch.setattr(data, "_load_hub", no_hub)  # the offline copy or nothing
+    monkeypatch.setattr(data, "_open_hub", no_hub)  # the offline copy or nothing
     monkeypatch.setenv("NODELM_CACHE_DIR", str(tmp_path))  # keep the token cache out of the repo
     df = bl.ngram_baselines("tinyshakespeare", "char")
     assert isinstance(df, pd.DataFrame)

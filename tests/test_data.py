@@ -2,7 +2,8 @@
 tokenizers, the token cache, and batch sampling.
 
 The hub loader is patched to fail in every test (the real one spends ~30 s retrying
-when offline), so these tests never touch the network.
+when offline), so these tests never touch the network. Streaming, the memory-mapped token
+cache and its checks are in test_data_stream.py.
 """
 
 from __future__ import annotations
@@ -20,12 +21,24 @@ import torch
 
 from nodelm_lib import data
 
-_real_load_hub = data._load_hub  # the autouse fixture below replaces it
+_real_open_hub = data._open_hub  # the autouse fixture below replaces it
 # byte and line counts from shared/data/SOURCES.md
 WIKITEXT2 = {"train": (10_797_148, 36_718), "validation": (1_121_681, 3_760),
              "test": (1_256_449, 4_358)}
 SHAKESPEARE_BYTES = 1_115_394
 SHAKESPEARE_SPLITS = {"train": 1_003_854, "validation": 55_770, "test": 55_770}
+
+
+class HubSplit:
+    """What nodelm_lib.data reads of an opened hub split (a datasets.Dataset): batches of
+    its "text" column."""
+
+    def __init__(self, *rows):
+        self.rows = list(rows)
+
+    def iter(self, batch_size):
+        for i in range(0, len(self.rows), batch_size):
+            yield {"text": self.rows[i:i + batch_size]}
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +47,7 @@ def offline(monkeypatch):
     def no_hub(path, name, split):
         raise ConnectionError("hub unreachable (patched in tests)")
 
-    monkeypatch.setattr(data, "_load_hub", no_hub)
+    monkeypatch.setattr(data, "_open_hub", no_hub)
     for var in ("NODELM_DATA_DIR", "NODELM_CACHE_DIR", "TIKTOKEN_CACHE_DIR"):
         # set-then-delete makes monkeypatch restore the original state even when
         # the code under test sets the variable itself (configure_tiktoken_cache)
@@ -90,7 +103,7 @@ def test_default_search_finds_shared_next_to_checkout():
 def test_no_data_dir_uses_hub(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "_candidate_dirs", lambda: [])
     calls = []
-    monkeypatch.setattr(data, "_load_hub", lambda *a: calls.append(a) or "from hub\n")
+    monkeypatch.setattr(data, "_open_hub", lambda *a: calls.append(a) or HubSplit("from hub\n"))
     assert data.load_text("wikitext2", "test") == "from hub\n"
     assert calls == [("Salesforce/wikitext", "wikitext-2-v1", "test")]
 
@@ -99,28 +112,32 @@ def test_missing_local_file_falls_back_to_hub(tmp_path, monkeypatch):
     (tmp_path / "wikitext-2-v1").mkdir()  # a data dir without this split
     with pytest.raises(RuntimeError, match="test.txt does not exist.*hub failed"):
         data.load_text("wikitext2", "test", data_dir=tmp_path)
-    monkeypatch.setattr(data, "_load_hub", lambda *a: "hub text")
+    monkeypatch.setattr(data, "_open_hub", lambda *a: HubSplit("hub text"))
     assert data.load_text("wikitext2", "test", data_dir=tmp_path) == "hub text"
 
 
 def test_hub_loader_joins_rows(monkeypatch):
     """HF rows keep their own newlines, so they are joined as they are, except that an
-    empty Salesforce/wikitext row was a blank line, " \\n" (tests/test_data_hub.py runs
-    the real loader on parquet stand-ins of the hub repositories)."""
+    empty Salesforce/wikitext row was a blank line, " \\n"; rows are read in batches, and
+    the text is the same across a batch's edge (tests/test_data_hub.py runs the real loader
+    on parquet stand-ins of the hub repositories)."""
     calls = []
 
     def load_dataset(path, name, split):
         calls.append((path, name, split))
-        return {"text": ["", " = Title = \n", "", " Body text .\n"]}
+        return HubSplit("", " = Title = \n", "", " Body text .\n")
 
     fake = type(sys)("datasets")
     fake.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    assert (_real_load_hub("Salesforce/wikitext", "wikitext-2-raw-v1", "train")
-            == " \n = Title = \n \n Body text .\n")
-    assert _real_load_hub("elsewhere/corpus", None, "train") == " = Title = \n Body text .\n"
-    assert calls == [("Salesforce/wikitext", "wikitext-2-raw-v1", "train"),
-                     ("elsewhere/corpus", None, "train")]
+    monkeypatch.setattr(data, "_open_hub", _real_open_hub)
+    monkeypatch.setattr(data, "_candidate_dirs", lambda: [])
+    monkeypatch.setattr(data, "HUB_BATCH_ROWS", 3)  # the last row in a batch of its own
+    source = data.text_source("wikitext2", "train", variant="wikitext-2-raw-v1")
+    assert list(source.pieces()) == [" \n = Title = \n \n", " Body text .\n"]
+    assert data.load_text("wikitext2", "train", variant="wikitext-2-raw-v1") == " \n = Title = \n \n Body text .\n"
+    assert data._join_hub_rows("elsewhere/corpus", ["", " = Title = \n"]) == " = Title = \n"
+    assert calls == [("Salesforce/wikitext", "wikitext-2-raw-v1", "train")] * 2
 
 
 # -----------------------------------------------------------------------------
@@ -206,7 +223,7 @@ def test_hub_only_corpora_fail_clearly_offline(shared):
 
 def test_hub_only_corpora_load_from_hub(shared, monkeypatch):
     calls = []
-    monkeypatch.setattr(data, "_load_hub", lambda *a: calls.append(a) or " = A = \n")
+    monkeypatch.setattr(data, "_open_hub", lambda *a: calls.append(a) or HubSplit(" = A = \n"))
     assert data.load_text("wikitext103", "test") == " = A = \n"
     data.load_text("wikitext2", "train", variant="wikitext-2-raw-v1")
     assert calls == [("Salesforce/wikitext", "wikitext-103-raw-v1", "test"),
@@ -255,11 +272,13 @@ def test_token_cache_hit_on_second_call(shared, tmp_path, monkeypatch):
     ids = data.load_tokens("tinyshakespeare", "validation", "char", cache_dir=tmp_path)
     assert ids.dtype == np.uint16 and ids.ndim == 1
     assert np.array_equal(ids, np.frombuffer(text.encode(), np.uint8))
-    files = list(tmp_path.iterdir())
-    assert len(files) == 1 and files[0].suffix == ".npy"  # no temp file left behind
+    files = sorted(tmp_path.iterdir())
+    assert [f.suffix for f in files] == [".json", ".npy"]  # tokens and manifest; no temp file left
+    assert files[0].stem == files[1].stem
     umask = os.umask(0)
     os.umask(umask)
-    assert files[0].stat().st_mode & 0o777 == 0o666 & ~umask  # shareable, unlike mkstemp's 0600
+    for f in files:  # shareable, unlike mkstemp's 0600
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask
 
     def boom(self, text):
         raise AssertionError("tokenised again instead of reading the cache")
@@ -280,6 +299,11 @@ def test_token_cache_key_depends_on_tokenizer_and_text(tmp_path):
     assert key("char", "abc") == key("char", "abc")
     assert key("char", "abc") != key("gpt2", "abc")
     assert key("char", "abc") != key("char", "abd")
+    streamed = data.token_cache_path("c", "train", "char", cache_dir=tmp_path,
+                                     text_sha256=hashlib.sha256(b"abc").hexdigest())
+    assert streamed == key("char", "abc")  # a streamed text's hash names the same file
+    with pytest.raises(TypeError, match="not both"):
+        data.token_cache_path("c", "train", "char", "abc", tmp_path, text_sha256="0" * 64)
 
 
 def test_token_cache_gpt2(shared, tmp_path):

@@ -15,6 +15,7 @@ import io
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nodelm_lib import data
@@ -145,6 +146,25 @@ def test_hub_only_variants_rebuild_blank_lines(shared_dir, mirror):
                            "wikitext-103-raw-v1": {"validation": piece}})
     assert data.load_text("wikitext2", "train", variant="wikitext-2-raw-v1") == piece
     assert data.load_text("wikitext103", "validation") == piece
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_wikitext103_from_hub_streams_to_the_whole_texts_tokens(shared_dir, mirror, tmp_path, monkeypatch,
+                                                                tokenizer):
+    """A hub split goes through the streamed path a local copy does: rows read in batches, text
+    tokenised in chunks into the memory-mapped cache. Its tokens are those of the whole text.
+    WikiText-2's validation text stands in (WikiText-103's validation articles are the same)."""
+    if tokenizer == "gpt2":
+        if not (shared_dir / "tiktoken_cache").is_dir():
+            pytest.skip(f"no tiktoken cache at {shared_dir / 'tiktoken_cache'}")
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(shared_dir / "tiktoken_cache"))
+    text = offline_text(shared_dir, "wikitext-2-v1/validation.txt")
+    make_wikitext(mirror, {"wikitext-103-raw-v1": {"validation": text}})
+    monkeypatch.setattr(data, "HUB_BATCH_ROWS", 100)  # ~38 batches of rows
+    monkeypatch.setattr(data, "STREAM_CHARS", 10_000)  # ~110 chunks
+    ids = data.load_tokens("wikitext103", "validation", tokenizer, cache_dir=tmp_path / "cache", mmap=True)
+    assert isinstance(ids, np.memmap)
+    assert np.array_equal(ids, data.get_tokenizer(tokenizer).encode_array(text))
 
 
 # -----------------------------------------------------------------------------
