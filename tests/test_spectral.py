@@ -420,3 +420,38 @@ def test_dynamics_summary_against_the_spectra():
     r, svd = row.loc[("ti_ssm", "token_spectrum")], tok["ti_ssm"].svd
     assert r.max_exponent == pytest.approx(svd[0]) and r.exponent_sum == pytest.approx(svd.sum())
     assert np.isnan(r.mean_abs_first)
+
+
+# --------------------------------------------------------------------------- notebook 04's runs are notebook 02's
+
+
+def test_the_cpu_profile_analyses_02s_runs():
+    """04's cpu profile builds its configs as notebook 02 does (scaling.base_config, 02's arms with
+    Tong's preset for node, 02's selected rates), so that they hash to 02's committed records and
+    04 reads them instead of training its own."""
+    import yaml
+
+    from nodelm_lib import experiment, scaling
+    from nodelm_lib.train import with_tokenizer_vocab
+
+    root = Path(__file__).resolve().parents[1]
+    p = yaml.safe_load((root / "params" / "04_spectral_lyapunov" / "cpu.yaml").read_text())
+    base = scaling.base_config(**{k: p[k] for k in BASE_KEYS_02}, dtype=p["dtype"], compile_model=p["compile_model"],
+                               d_model=p["d_model"])
+    arms = experiment.architecture_arms(base.model, p["archs"], presets=p["presets"])
+    rates = experiment.selected_lrs(root / "results" / p["lr_selection"])
+    configs = experiment.sweep_configs(base, arms, p["seeds"], rates)
+    assert p["seeds"] == [0, 1, 2] and p["archs"] == ["node", "ti_mlp"] and p["presets"] == {"node": "tong"}
+    records = {r.config_hash: r for r in (nl.RunRecord.from_json(f) for f in (root / "results" / "runs" / "cpu").glob("*.json"))}
+    for arm, seed, tc in configs:
+        record = records.get(with_tokenizer_vocab(tc).config_hash())
+        assert record is not None, f"{arm} seed {seed}: no record of 02 with its hash"
+        assert (record.train_config.model.arch, record.seed, record.train_config.lr) == (arm, seed, rates[arm])
+        assert record.status == "completed" and record.train_config.max_steps == 2000
+    node = next(tc for arm, seed, tc in configs if arm == "node")
+    assert (node.model.d_model, node.model.hyper_dim, node.model.ode.n_steps) == (128, 64, 4)  # Tong's hypernetwork
+
+
+BASE_KEYS_02 = ("n_heads", "n_layers", "max_seq_len", "ssm_state_size", "ode_method", "dataset", "tokenizer",
+                "batch_size", "seq_len", "max_steps", "warmup_steps", "min_lr_ratio", "beta2", "eval_interval",
+                "eval_batches", "eval_on", "device")
