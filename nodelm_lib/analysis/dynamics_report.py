@@ -91,7 +91,7 @@ def _interval(row) -> str:
 def trend_line(row) -> str:
     """One (model, kind) row of ``depth_trend_test`` in words: the slope across seeds and the verdict."""
     p = f"Holm p = {row.p_holm:.2g}" if np.isfinite(row.p_holm) else "no test with one seed"
-    return (f"{_interval(row)} ({row.rel_slope:+.1%} of its level {row.level:.3g} per unit t; "
+    return (f"{_interval(row)} ({row.rel_slope:+.0%} of its mean {row.level:.3g} per unit t; "
             f"{row.n_up}/{row.n_seeds} seeds rise; mean Spearman ρ with t "
             f"{row.spearman_mean:.2f}; {p}): **{row.verdict}**")
 
