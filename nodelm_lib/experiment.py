@@ -190,6 +190,26 @@ def with_weights(records: list[RunRecord], needy: list[int], configs: list[Train
     return records
 
 
+def final_models(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection=None,
+                 store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True,
+                 workers: int = 1, progress: bool = True, device: str = "cpu") -> tuple[pd.DataFrame, dict]:
+    """The trained models of ``sweep(base, arms, seeds, lr_selection=...)``, for analyses of final
+    weights (notebook 04 reads notebook 02's runs this way): ``sweep``'s table and
+    ``{(arm, seed): model}``, each model loaded from its run's checkpoint on ``device`` in eval mode.
+
+    The same arguments give the same configs, hence the same stored runs: a run whose record and
+    weights are on disk is read, one whose weights are not (records are committed, checkpoints
+    are not) is trained again (``need_checkpoint``; deterministic, so on the same kind of CPU its
+    record keeps its numbers), and a missing run is trained."""
+    from .checkpoints import load_model
+
+    runs = sweep(base, arms, seeds, store=store, checkpoints=checkpoints, isolate=isolate, progress=progress,
+                 need_checkpoint=True, lr_selection=lr_selection, workers=workers)
+    models = {(row.arm, int(row.seed)): load_model(checkpoint_path(row.config_hash, checkpoints), device=device)
+              for row in runs.itertuples()}
+    return runs, models
+
+
 def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need_checkpoint: bool, workers: int,
              progress: bool, labels: list[str], launcher=None, wait: bool = True) -> list[RunRecord]:
     """``run`` every config (one at a time, ``workers`` isolated runs at once, or as jobs of a
@@ -481,9 +501,18 @@ def _selected_arm_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], se
 
 
 def selected_lrs(selection) -> dict[str, float]:
-    """arm -> selected learning rate, from ``select_lr``'s table (or a mapping, returned as is)."""
+    """arm -> selected learning rate, from ``select_lr``'s table, the path of its CSV file (a
+    notebook's ``<stem>_lr_selection.csv``), or a mapping arm -> rate (returned as is)."""
     if isinstance(selection, Mapping):
         return {str(k): float(v) for k, v in selection.items()}
+    if isinstance(selection, (str, Path)):
+        import pandas as pd
+
+        path = Path(selection)
+        if not path.is_file():
+            raise FileNotFoundError(f"no learning-rate selection at {path}: run the notebook that selects the rates "
+                                    "(02) with this profile first, or give the rates as a mapping arm -> rate")
+        selection = pd.read_csv(path)
     missing = {"arm", "lr", "selected"} - set(selection.columns)
     if missing:
         raise ValueError(f"the learning-rate selection lacks column(s) {sorted(missing)}; pass select_lr's table")

@@ -8,30 +8,43 @@ import pandas as pd
 import pytest
 
 from nodelm_lib.analysis import dynamics_report as dr
+from nodelm_lib.analysis import spectral as sp
 from nodelm_lib.analysis.lyapunov import TokenSensitivity, TokenSpectrum
 
 REPO = Path(__file__).resolve().parents[1]
 TIMES = [0.0, 0.25, 0.5, 0.75]
+SEEDS = (0, 1, 2)
+MODELS = ("node", "ti_mlp")
 
 
-def weight_rows(model, kind, head, growth):
-    """Per t: mean |lambda| and spectral radius multiplied by ``growth`` every step."""
-    return [dict(model=model, step=i, t=t, kind=kind, head=head, n_eigs=4, mean_abs=0.5 * growth**i,
-                 spectral_radius=1.0 * growth**i) for i, t in enumerate(TIMES)]
+def weight_rows(model, kind, head, growth, seed):
+    """Per t: mean |lambda| and spectral radius multiplied by ``growth`` every step, a little larger
+    for each seed, plus a small fixed noise (so that seeds differ and a flat series is noise)."""
+    noise = np.random.default_rng([seed, head + 1, sum(map(ord, kind)), len(model)]).normal(0.0, 0.02, len(TIMES))
+    return [dict(model=model, seed=seed, step=i, t=t, kind=kind, head=head, n_eigs=4,
+                 mean_abs=0.5 * growth**i * (1 + 0.05 * seed) + e, spectral_radius=1.0 * growth**i)
+            for i, (t, e) in enumerate(zip(TIMES, noise))]
 
 
-def jacobian_rows(model, radius, max_real, rms=(0.1, 1.0, 1.0, 1.0)):
-    return [dict(model=model, step=i, t=t, kind="jacobian", head=-1, n_eigs=8, mean_abs=r / 2, spectral_radius=r,
-                 max_real=m, state_rms=s) for i, (t, r, m, s) in enumerate(zip(TIMES, radius, max_real, rms))]
+def jacobian_rows(model, radius, max_real, seed, rms=(0.1, 1.0, 1.0, 1.0)):
+    return [dict(model=model, seed=seed, step=i, t=t, kind="jacobian", head=-1, n_eigs=8, mean_abs=r / 2,
+                 spectral_radius=r, max_real=m, state_rms=s)
+            for i, (t, r, m, s) in enumerate(zip(TIMES, radius, max_real, rms))]
 
 
-def spectral_table(qk=1.2, ov=(1.2, 1.2), ff=1.1, radius=(50.0, 6.0, 7.0, 8.0), max_real=(1.0, 0.5, 0.2, 0.1)):
-    """Two models, two heads each; QK heads grow by ``qk`` per step, OV head h by ``ov[h]``."""
+def per_model(growth):
+    return growth if isinstance(growth, dict) else dict.fromkeys(MODELS, growth)
+
+
+def spectral_table(qk=1.2, ov=1.2, ff=1.1, radius=(50.0, 6.0, 7.0, 8.0), max_real=(1.0, 0.5, 0.2, 0.1), seeds=SEEDS):
+    """Two models, two heads each, ``seeds``; QK grows by ``qk`` per step (or {model: growth}), OV by ``ov``."""
+    qk, ov, ff = per_model(qk), per_model(ov), per_model(ff)
     rows = []
-    for model in ("node", "ti_mlp"):
-        for head in range(2):
-            rows += weight_rows(model, "qk", head, qk) + weight_rows(model, "ov", head, ov[head])
-        rows += weight_rows(model, "ff", 0, ff) + jacobian_rows(model, radius, max_real)
+    for model in MODELS:
+        for seed in seeds:
+            for head in range(2):
+                rows += weight_rows(model, "qk", head, qk[model], seed) + weight_rows(model, "ov", head, ov[model], seed)
+            rows += weight_rows(model, "ff", -1, ff[model], seed) + jacobian_rows(model, radius, max_real, seed)
     return pd.DataFrame(rows)
 
 
@@ -47,10 +60,11 @@ def spectrum(svd=(2.0, 0.5, -1.0, -3.0)):
     return TokenSpectrum(position=3, token=3, qr=svd[::-1].copy(), svd=svd, time=1.0, history=np.zeros((4, 4)))
 
 
-def lyapunov_table():
-    return pd.concat([sensitivity(seed=s).frame().assign(model=m, analysis="sensitivity")
-                      for s, m in enumerate(("node", "ti_mlp"))]
-                     + [spectrum().frame().assign(model=m, analysis="token_spectrum") for m in ("node", "ti_mlp")],
+def lyapunov_table(seeds=SEEDS):
+    return pd.concat([sensitivity(seed=10 * m + s).frame().assign(model=name, seed=s, analysis="sensitivity")
+                      for m, name in enumerate(MODELS) for s in seeds]
+                     + [spectrum(svd=(2.0 + s, 0.5, -1.0, -3.0)).frame().assign(model=name, seed=s, analysis="token_spectrum")
+                        for name in MODELS for s in seeds],
                      ignore_index=True)
 
 
@@ -58,38 +72,45 @@ def findings(**spectral):
     return dr.findings(spectral_table(**spectral), lyapunov_table(), profile="test", train_steps=7)
 
 
-def test_the_verdict_follows_the_share_of_growing_heads():
-    text = findings(qk=1.2, ov=(1.2, 1.2))
-    assert "(profile `test`, 7 training steps, both models together)" in text
-    assert "QK: 4 of 4 heads end with a larger mean |λ| than they start, which **agrees** with that observation;" in text
-    assert "OV: 4 of 4 heads end with a larger mean |λ| than they start, which **agrees** with that observation." in text
-    # one OV head per model shrinks: half the heads grow
-    assert "OV: 2 of 4 heads end with a larger mean |λ| than they start, which **only partly reproduces**" in findings(
-        ov=(1.2, 0.8))
-    # every attention head shrinks: the observation is not reproduced, and no "agrees" is left anywhere
-    flipped = findings(qk=0.8, ov=(0.8, 0.8))
-    assert "QK: 0 of 4 heads" in flipped and "OV: 0 of 4 heads" in flipped
-    assert flipped.count("**does not reproduce**") == 2 and "**agrees**" not in flipped
+def test_the_verdict_is_the_trend_tests_over_every_t_and_seed():
+    text = findings(qk=1.2, ov=1.2)
+    assert "(profile `test`, 7 training steps, both models, 3 seeds each) over all 4 solver times" in text
+    assert "Holm-corrected over the 6 (model, product) pairs" in text
+    assert ("QK: node grows with depth, ti_mlp grows with depth, which **agrees** with that observation. "
+            "OV: node grows with depth, ti_mlp grows with depth, which **agrees** with that observation.") in text
+    shrinking = findings(ov=0.8)
+    assert "OV: node shrinks with depth, ti_mlp shrinks with depth, which **does not reproduce** that observation." \
+        in shrinking
+    # a flat series with noise: no direction is claimed, and no "agrees" is left anywhere for OV
+    flat = findings(ov=1.0)
+    assert ("OV: node not resolved at n = 3, ti_mlp not resolved at n = 3, which **neither confirms nor refutes** "
+            "that observation.") in flat
+    assert "QK: node grows with depth, ti_mlp not resolved at n = 3, which **only partly reproduces**" in findings(
+        qk={"node": 1.2, "ti_mlp": 1.0})
 
 
-def test_the_pooled_ratios_and_per_model_lines_are_the_tables_numbers():
-    text = findings(qk=1.2, ov=(1.2, 0.8), ff=0.9)
-    # 3 steps of growth 1.2: ratio last / first 1.728
-    assert "mean |λ| last / first: node QK 1.73, node OV 1.12, ti_mlp QK 1.73, ti_mlp OV 1.12." in text
-    assert "- **node · QK**: 2/2 heads have a larger mean |λ| at the last t than at the first (ratio last/first 1.73 to 1.73" in text
-    assert "- **ti_mlp · OV**: 1/2 heads have a larger mean |λ|" in text
-    assert "- **node · FF**: mean |λ| shrinks from the first to the last t (ratio 0.729" in text
-    assert "- **node · FF**: mean |λ| grows from the first to the last t (ratio 1.33, Spearman ρ with t 1.00, at every step)" \
-        in findings(ff=1.1)
+def test_the_lines_are_the_trend_tables_numbers():
+    table = spectral_table(qk=1.2, ov=1.0, ff=0.9)
+    text = dr.findings(table, lyapunov_table(), profile="test", train_steps=7)
+    trend = sp.depth_trend_test(table[table.kind != "jacobian"])
+    for row in trend.itertuples():
+        line = f"- **{row.model} · {row.kind.upper()}**: {dr.trend_line(row)}"
+        assert line in text
+        assert f"mean slope {row.slope_mean:+.3g} per unit t, 95% CI [{row.ci_low:+.3g}, {row.ci_high:+.3g}]" in line
+        assert f"Holm p = {row.p_holm:.2g}): **{row.verdict}**" in line
+    assert "3/3 seeds rise" in dr.trend_line(trend.iloc[0]) and trend.verdict.iloc[0] == "grows with depth"
+    assert "0/3 seeds rise" in dr.trend_line(trend[trend.kind == "ff"].iloc[0])
+    # the heads: 2 heads x 3 seeds of node's QK, every one rising
+    assert "- **node · QK**" in text and "; 6 of 6 (head, seed) curves have a positive slope." in text
 
 
-def test_the_jacobian_line_says_growing_or_shrinking_from_the_table():
+def test_the_jacobian_line_describes_the_mean_over_seeds():
     text = findings(radius=(50.0, 6.0, 7.0, 8.0), max_real=(1.0, 0.5, 0.2, 0.1))
-    assert ("- **node · Jacobian ∂f/∂x**: spectral radius 50 at t = 0 and 8 at t = 0.75 (shrinking) while the state's "
-            "RMS goes from 0.1 to 1; ρ × RMS goes from 5 to 8.") in text
+    assert ("- **node · Jacobian ∂f/∂x** (mean over 3 seeds): spectral radius 50 at t = 0 and 8 at t = 0.75, largest "
+            "at t = 0, while the state's RMS goes from 0.1 to 1; ρ × RMS goes from 5 to 8.") in text
     assert "Largest real part between 0.1 and 1 (some directions expand locally at every t)." in text
-    text = findings(radius=(5.0, 6.0, 7.0, 8.0), max_real=(-0.1, 0.5, 0.2, 0.1))
-    assert "spectral radius 5 at t = 0 and 8 at t = 0.75 (growing)" in text
+    text = findings(radius=(5.0, 6.0, 9.0, 8.0), max_real=(-0.1, 0.5, 0.2, 0.1))
+    assert "spectral radius 5 at t = 0 and 8 at t = 0.75, largest at t = 0.5" in text
     assert "(not expanding at every t)" in text
 
 
@@ -105,25 +126,29 @@ def test_sensitivity_stats_match_the_matrix_they_come_from():
     assert np.isnan(dr.sensitivity_stats(sensitivity(T=2).frame())["corr(S_ij, i - j)"])  # one pair: no correlation
 
 
-def test_the_sensitivity_line_counts_positive_exponents():
+def test_the_sensitivity_line_averages_each_seeds_numbers():
     stats = dr.spectrum_stats(spectrum().frame())
     assert stats == {"largest (svd)": 2.0, "largest (QR)": -3.0, "smallest (svd)": -3.0, "positive (svd)": 2,
                      "sum = log|det|": -1.5}
     text = findings()
-    assert "Last token: largest exponent 2 (singular values) / -3 (QR from the identity basis), 2 of 4 positive, " \
-           "log|det| = -1.5." in text
+    # seeds 0, 1, 2 have largest exponents 2, 3, 4 and sums -1.5, -0.5, 0.5
+    assert "Last token: largest exponent 3 (singular values) / -3 (QR from the identity basis), 2 of 4 positive, " \
+           "log|det| = -0.5." in text
+    own = np.mean([np.diag(sensitivity(seed=s).exponent).mean() for s in SEEDS])  # node's seeds
+    assert f"- **node · sensitivity** (mean over 3 seeds): a token's own perturbation grows at rate {own:.3g}" in text
     assert text.count("· sensitivity**") == 2
 
 
-def test_findings_on_the_committed_cpu_tables_say_what_the_readme_says():
+def test_findings_on_the_committed_one_seed_cpu_tables_test_nothing():
+    # the committed tables predate 04's seeds (one run each, no seed column): described, not tested
     spectral = pd.read_csv(REPO / "results" / "spectral_cpu.csv")
     lyapunov = pd.read_csv(REPO / "results" / "lyapunov_cpu.csv")
+    if "seed" in spectral.columns:
+        pytest.skip("the committed cpu tables are 04's multi-seed tables")
     text = dr.findings(spectral, lyapunov, profile="cpu", train_steps=1200)
-    # README: QK grows in node (4 of 4 heads) and ti_mlp (3 of 4); OV grows in one head of 8
-    assert "QK: 7 of 8 heads end with a larger mean |λ| than they start, which **agrees** with" in text
-    assert "OV: 1 of 8 heads end with a larger mean |λ| than they start, which **does not reproduce**" in text
-    assert "node QK 2.57, node OV 0.625, ti_mlp QK 1.54, ti_mlp OV 0.698." in text
-    assert "- **ti_mlp · FF**: mean |λ| shrinks" in text and "- **node · FF**: mean |λ| grows" in text
+    assert "both models, 1 seed each) over all 6 solver times" in text
+    assert "QK: node not resolved at n = 1, ti_mlp not resolved at n = 1, which **neither confirms nor refutes**" in text
+    assert "With one seed nothing is tested" in text and "**grows with depth**" not in text
     assert "33 of 64 positive" in text and "29 of 64 positive" in text
 
 

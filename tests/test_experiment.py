@@ -61,6 +61,42 @@ def test_a_stored_run_is_read_back_not_rerun(tmp_path, monkeypatch):
         nl.run(tiny(lr=1e-3), store=tmp_path / "runs", checkpoints=tmp_path / "ckpt")
 
 
+def test_final_models_read_stored_weights_and_retrain_missing_ones(tmp_path, monkeypatch):
+    import shutil
+
+    options = dict(store=tmp_path / "runs", checkpoints=tmp_path / "ckpt", isolate=False, progress=False)
+    arms = {"a": {"model.arch": "gpt"}}
+    runs, models = experiment.final_models(tiny(max_steps=4), arms, [0, 1], **options)
+    assert list(models) == [("a", 0), ("a", 1)] and runs["seed"].tolist() == [0, 1]
+    assert not models[("a", 0)].training and models[("a", 0)].cfg.arch == "gpt"
+    idx = torch.arange(8).reshape(1, 8)
+    logits = models[("a", 0)](idx)[0]
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("a run whose weights are on disk was trained again")
+
+    with monkeypatch.context() as m:  # records and weights stored: read, not trained
+        m.setattr(store_module, "train", must_not_train)
+        _, again = experiment.final_models(tiny(max_steps=4), arms, [0, 1], **options)
+    assert torch.equal(again[("a", 0)](idx)[0], logits)
+    assert not torch.equal(again[("a", 1)](idx)[0], logits)  # each seed its own model
+    # a clone has the records but not the weights: the run is trained again, to the same numbers
+    shutil.rmtree(tmp_path / "ckpt" / runs["config_hash"].iloc[0])
+    retrained, third = experiment.final_models(tiny(max_steps=4), arms, [0, 1], **options)
+    assert retrained["val_loss"].tolist() == runs["val_loss"].tolist()
+    assert torch.allclose(third[("a", 0)](idx)[0], logits, rtol=0, atol=1e-6)
+
+
+def test_selected_lrs_reads_a_selection_file(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "seed_comparison_x_lr_selection.csv"
+    pd.DataFrame({"arm": ["a", "a", "b"], "lr": [1e-3, 2e-3, 4e-3], "selected": [False, True, True]}).to_csv(path, index=False)
+    assert experiment.selected_lrs(path) == experiment.selected_lrs(str(path)) == {"a": 2e-3, "b": 4e-3}
+    with pytest.raises(FileNotFoundError, match=r"no learning-rate selection at .*missing.csv: run the notebook"):
+        experiment.selected_lrs(tmp_path / "missing.csv")
+
+
 def test_records_are_written_atomically(tmp_path, monkeypatch):
     path = tmp_path / "r.json"
     nl.RunRecord(config={}, config_hash="a", seed=0, status="completed").to_json(path)

@@ -9,6 +9,7 @@
 """
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -242,6 +243,89 @@ def test_depth_trend():
     assert row.ratio == 3.0 and row.monotone_up
 
 
+# --------------------------------------------------------------------------- growth with depth across seeds
+
+
+TIMES = (0.0, 0.25, 0.5, 0.75)
+
+
+def trend_table(values, models=("node",), kinds=("qk",), seeds=(0, 1, 2), heads=(0, 1), times=TIMES):
+    """Weight-spectra summary rows: ``values(model, kind, seed, head, t)`` -> mean |lambda|; head h
+    has 4 + 4 h eigenvalues (unequal weights in the head pooling)."""
+    return pd.DataFrame([dict(model=m, seed=s, kind=k, head=h, t=t, n_eigs=4 + 4 * h, mean_abs=values(m, k, s, h, t))
+                         for m in models for k in kinds for s in seeds for h in heads for t in times])
+
+
+def test_depth_trend_test_against_scipy():
+    from scipy import stats as st
+
+    rng = np.random.default_rng(1)
+    table = trend_table(lambda m, k, s, h, t: 1.0 + 0.3 * t + rng.normal(0, 0.1), models=("node", "ti_mlp"),
+                        kinds=("qk", "ff"))
+    result = sp.depth_trend_test(table)
+    assert list(zip(result.model, result.kind)) == [("node", "qk"), ("node", "ff"), ("ti_mlp", "qk"), ("ti_mlp", "ff")]
+    for r in result.itertuples():
+        slopes, rhos = [], []
+        for _, g in table[(table.model == r.model) & (table.kind == r.kind)].groupby("seed"):
+            pooled = g.groupby("t").apply(lambda x: np.average(x.mean_abs, weights=x.n_eigs))  # every eigenvalue pooled
+            slopes.append(st.linregress(pooled.index, pooled.to_numpy()).slope)
+            rhos.append(st.spearmanr(pooled.index, pooled.to_numpy()).statistic)
+        ref = st.ttest_1samp(slopes, 0.0)
+        ci = ref.confidence_interval(0.95)
+        assert (r.n_seeds, r.n_times, r.n_up) == (3, 4, sum(v > 0 for v in slopes))
+        assert r.slope_mean == pytest.approx(np.mean(slopes)) and r.slope_sd == pytest.approx(np.std(slopes, ddof=1))
+        assert (r.t_stat, r.p) == pytest.approx((ref.statistic, ref.pvalue))
+        assert (r.ci_low, r.ci_high) == pytest.approx((ci.low, ci.high))
+        assert r.spearman_mean == pytest.approx(np.mean(rhos))
+        assert r.rel_slope == pytest.approx(r.slope_mean / r.level)
+    # Holm over the four (model, kind) rows: the k-th smallest p times (5 - k), running maximum, capped at 1
+    p = result.p.to_numpy()
+    order = np.argsort(p)
+    assert result.p_holm.to_numpy()[order] == pytest.approx(np.minimum(1, np.maximum.accumulate(p[order] * [4, 3, 2, 1])))
+
+
+def test_depth_trend_test_finds_growth_and_not_noise():
+    rng = np.random.default_rng(0)
+    rising = lambda m, k, s, h, t: 1.0 + 0.5 * t + rng.normal(0, 0.05)  # noqa: E731
+    flat = lambda m, k, s, h, t: 1.0 + rng.normal(0, 0.05)  # noqa: E731
+    # many independent data sets, 3 seeds each: the raw t-test's rejection rate is its power / its size
+    models = [f"m{i}" for i in range(300)]
+    power = (sp.depth_trend_test(trend_table(rising, models=models)).p < 0.05).mean()
+    size = (sp.depth_trend_test(trend_table(flat, models=models)).p < 0.05).mean()
+    assert power > 0.9 and size < 0.09
+    # one rising and one flat pair in a family: the verdicts, with Holm's correction over both
+    both = sp.depth_trend_test(pd.concat([trend_table(rising, models=("up",)), trend_table(flat, models=("flat",))]))
+    verdicts = dict(zip(both.model, both.verdict))
+    assert verdicts == {"up": "grows with depth", "flat": "not resolved at n = 3"}
+    falling = trend_table(lambda m, k, s, h, t: 1.0 - 0.5 * t + rng.normal(0, 0.02))
+    assert sp.depth_trend_test(falling).verdict.iloc[0] == "shrinks with depth"
+
+
+def test_depth_trend_test_with_one_seed_describes_and_does_not_test():
+    from scipy import stats as st
+
+    table = trend_table(lambda m, k, s, h, t: 2.0 + t * t, seeds=(0,)).drop(columns="seed")  # an old one-run table
+    row = sp.depth_trend_test(table).iloc[0]
+    assert row.n_seeds == 1 and np.isnan(row.p) and np.isnan(row.ci_low)
+    assert row.verdict == "not resolved at n = 1"
+    assert row.slope_mean == pytest.approx(st.linregress(TIMES, [2.0 + t * t for t in TIMES]).slope)
+
+
+def test_depth_trend_test_names_bad_input():
+    table = trend_table(lambda m, k, s, h, t: 1.0)
+    with pytest.raises(ValueError, match=r"alpha must be in \(0, 1\), got 1.5"):
+        sp.depth_trend_test(table, alpha=1.5)
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['n_eigs'\]"):
+        sp.depth_trend_test(table.drop(columns="n_eigs"))
+
+
+def test_the_trend_figure_has_a_panel_per_model_and_kind():
+    table = trend_table(lambda m, k, s, h, t: 1.0 + s + t, models=("node", "ti_mlp"), kinds=("qk", "ov", "ff"))
+    fig = sp.plot_depth_trend(table, sp.depth_trend_test(table))
+    assert len(fig.axes) == 6 and "Holm p" in fig.axes[0].get_title()
+    assert len(fig.axes[0].lines) == 6  # three seeds: points and a fitted line each
+
+
 @pytest.mark.parametrize("arch", ["node", "ti_mlp"])
 def test_head_slices_are_the_heads_attention_computes(arch):
     # independent of the slicing convention shared by the library and the numpy reference above:
@@ -336,3 +420,38 @@ def test_dynamics_summary_against_the_spectra():
     r, svd = row.loc[("ti_ssm", "token_spectrum")], tok["ti_ssm"].svd
     assert r.max_exponent == pytest.approx(svd[0]) and r.exponent_sum == pytest.approx(svd.sum())
     assert np.isnan(r.mean_abs_first)
+
+
+# --------------------------------------------------------------------------- notebook 04's runs are notebook 02's
+
+
+def test_the_cpu_profile_analyses_02s_runs():
+    """04's cpu profile builds its configs as notebook 02 does (scaling.base_config, 02's arms with
+    Tong's preset for node, 02's selected rates), so that they hash to 02's committed records and
+    04 reads them instead of training its own."""
+    import yaml
+
+    from nodelm_lib import experiment, scaling
+    from nodelm_lib.train import with_tokenizer_vocab
+
+    root = Path(__file__).resolve().parents[1]
+    p = yaml.safe_load((root / "params" / "04_spectral_lyapunov" / "cpu.yaml").read_text())
+    base = scaling.base_config(**{k: p[k] for k in BASE_KEYS_02}, dtype=p["dtype"], compile_model=p["compile_model"],
+                               d_model=p["d_model"])
+    arms = experiment.architecture_arms(base.model, p["archs"], presets=p["presets"])
+    rates = experiment.selected_lrs(root / "results" / p["lr_selection"])
+    configs = experiment.sweep_configs(base, arms, p["seeds"], rates)
+    assert p["seeds"] == [0, 1, 2] and p["archs"] == ["node", "ti_mlp"] and p["presets"] == {"node": "tong"}
+    records = {r.config_hash: r for r in (nl.RunRecord.from_json(f) for f in (root / "results" / "runs" / "cpu").glob("*.json"))}
+    for arm, seed, tc in configs:
+        record = records.get(with_tokenizer_vocab(tc).config_hash())
+        assert record is not None, f"{arm} seed {seed}: no record of 02 with its hash"
+        assert (record.train_config.model.arch, record.seed, record.train_config.lr) == (arm, seed, rates[arm])
+        assert record.status == "completed" and record.train_config.max_steps == 2000
+    node = next(tc for arm, seed, tc in configs if arm == "node")
+    assert (node.model.d_model, node.model.hyper_dim, node.model.ode.n_steps) == (128, 64, 4)  # Tong's hypernetwork
+
+
+BASE_KEYS_02 = ("n_heads", "n_layers", "max_seq_len", "ssm_state_size", "ode_method", "dataset", "tokenizer",
+                "batch_size", "seq_len", "max_steps", "warmup_steps", "min_lr_ratio", "beta2", "eval_interval",
+                "eval_batches", "eval_on", "device")

@@ -3,17 +3,25 @@
 Notebook 04 writes ``results/spectral_<profile>.csv`` (weight and Jacobian spectra per t) and
 ``results/lyapunov_<profile>.csv`` (token sensitivity and token spectra). :func:`findings`
 turns those two tables into Markdown, so every number and every word that depends on one
-(grows / shrinks, agrees with / does not reproduce Tong et al.) comes from the tables and
-changes when they do; nothing is typed in by hand. It works on the tables read back from disk
-as well as on the frames the notebook holds.
+(grows / shrinks / not resolved, agrees with / does not reproduce Tong et al.) comes from the
+tables and changes when they do; nothing is typed in by hand. It works on the tables read back
+from disk as well as on the frames the notebook holds.
+
+"Grows with depth" is the verdict of ``spectral.depth_trend_test``: the slope of the heads'
+pooled mean |lambda| against every solver time, per seed, tested across seeds with Holm's
+correction; where Holm's p does not resolve a direction (always where the slope's CI spans zero)
+the text says "not resolved at n = <seeds>". Numbers of the
+Jacobian and Lyapunov analyses are means over the seeds the tables hold.
 
 The rows it reads:
 
-* spectral: ``WeightSpectra.summary()`` and ``JacobianSpectra.summary()`` rows with a ``model``
-  column (``kind`` is ``qk``, ``ov``, ``ff`` or ``jacobian``);
+* spectral: ``WeightSpectra.summary()`` and ``JacobianSpectra.summary()`` rows with ``model`` and
+  ``seed`` columns (``kind`` is ``qk``, ``ov``, ``ff`` or ``jacobian``);
 * lyapunov: ``TokenSensitivity.frame()`` rows (``analysis == "sensitivity"``: ``i``, ``j``,
   ``exponent``) and ``TokenSpectrum.frame()`` rows (``"token_spectrum"``: ``index``, ``qr``,
-  ``svd``), each with ``model``.
+  ``svd``), each with ``model`` and ``seed``.
+
+A table without ``seed`` (written before notebook 04 trained several seeds) is one run of seed 0.
 """
 
 from __future__ import annotations
@@ -21,24 +29,24 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .spectral import depth_trend, dynamics_summary
-
-#: Tong et al. (ICLR 2025) report that eigenvalue magnitudes of the attention weight products grow
-#: with depth. A share of heads that grow above the first threshold agrees with that, one below
-#: the second does not reproduce it, in between only partly.
-AGREES_ABOVE, DISAGREES_BELOW = 0.75, 0.5
+from .spectral import depth_trend, depth_trend_test, with_seed
 
 ATTENTION_KINDS = ("qk", "ov")
 WEIGHT_KINDS = ("qk", "ov", "ff")
 
 
-def agreement(share_growing: float) -> str:
-    """How a share of growing heads relates to the reported growth (bold verb phrase)."""
-    if share_growing > AGREES_ABOVE:
+def agreement(verdicts: list[str]) -> str:
+    """How one weight product's verdicts (``depth_trend_test``, one per model) relate to Tong et
+    al.'s growth with depth (a bold verb phrase): agrees where every model's value grows, does not
+    reproduce it where none grows and one shrinks, partly where some grow; unresolved otherwise."""
+    grows = [v == "grows with depth" for v in verdicts]
+    if all(grows):
         return "**agrees** with"
-    if share_growing < DISAGREES_BELOW:
+    if any(grows):
+        return "**only partly reproduces**"
+    if any(v == "shrinks with depth" for v in verdicts):
         return "**does not reproduce**"
-    return "**only partly reproduces**"
+    return "**neither confirms nor refutes**"
 
 
 # --------------------------------------------------------------------------- numbers behind the words
@@ -70,49 +78,60 @@ def spectrum_stats(frame: pd.DataFrame) -> dict:
 # --------------------------------------------------------------------------- sentences
 
 
-def growth_paragraph(trend: pd.DataFrame, summary: pd.DataFrame, profile: str, train_steps: int) -> str:
-    """Do attention eigenvalue magnitudes grow with depth, as Tong et al. report? Per kind (QK,
-    OV) over every head of every model (``trend``: ``depth_trend`` of mean |lambda|), and pooled
-    per model (``summary``: ``dynamics_summary``)."""
-    models = "both models" if trend.model.nunique() == 2 else f"all {trend.model.nunique()} models"
-    kinds = [k for k in ATTENTION_KINDS if (trend.kind == k).any()]
+def _over_seeds(n: int) -> str:
+    return "" if n == 1 else f" (mean over {n} seeds)"
+
+
+def _interval(row) -> str:
+    """A trend row's mean slope with its CI (the CI only where there are seeds to make one)."""
+    ci = f", 95% CI [{row.ci_low:+.3g}, {row.ci_high:+.3g}]" if np.isfinite(row.ci_low) else ""
+    return f"mean slope {row.slope_mean:+.3g} per unit t{ci}"
+
+
+def trend_line(row) -> str:
+    """One (model, kind) row of ``depth_trend_test`` in words: the slope across seeds and the verdict."""
+    p = f"Holm p = {row.p_holm:.2g}" if np.isfinite(row.p_holm) else "no test with one seed"
+    return (f"{_interval(row)} ({row.rel_slope:+.0%} of its mean {row.level:.3g} per unit t; "
+            f"{row.n_up}/{row.n_seeds} seeds rise; mean Spearman ρ with t "
+            f"{row.spearman_mean:.2f}; {p}): **{row.verdict}**")
+
+
+def growth_paragraph(test: pd.DataFrame, profile: str, train_steps: int) -> str:
+    """Do attention eigenvalue magnitudes grow with depth, as Tong et al. report? The verdict of
+    ``depth_trend_test`` per kind (QK, OV) over the models, from every solver time and seed."""
+    n_seeds, n_times = int(test.n_seeds.max()), int(test.n_times.max())
+    models = "both models" if test.model.nunique() == 2 else f"{test.model.nunique()} models"
     text = [f"**Growth with depth.** Tong et al. report eigenvalue magnitudes of the attention weight products "
-            f"that grow with depth. Here (profile `{profile}`, {train_steps} training steps, {models} together):"]
-    for n, kind in enumerate(kinds, 1):
-        growing = trend[trend.kind == kind].ratio > 1
-        text.append(f"{kind.upper()}: {int(growing.sum())} of {len(growing)} heads end with a larger mean |λ| than "
-                    f"they start, which {agreement(float(growing.mean()))} that observation{'.' if n == len(kinds) else ';'}")
-    pooled = summary[summary.analysis.isin(ATTENTION_KINDS)]
-    text.append("Pooling every head's eigenvalues at each t, mean |λ| last / first: " + ", ".join(
-        f"{r.model} {r.analysis.upper()} {r.mean_abs_ratio:.3g}" for r in pooled.itertuples()) + ".")
+            f"that grow with depth. Tested here (profile `{profile}`, {train_steps} training steps, {models}, "
+            f"{n_seeds} seed{'s' if n_seeds > 1 else ''} each) over all {n_times} solver times: per seed the "
+            f"least-squares slope of the heads' pooled mean |λ| against t, across seeds its mean with a t-based "
+            f"95% CI and a one-sample t-test, Holm-corrected over the {len(test)} (model, product) pairs below."]
+    for kind in [k for k in ATTENTION_KINDS if (test.kind == k).any()]:
+        rows = test[test.kind == kind]
+        verdicts = ", ".join(f"{r.model} {r.verdict}" for r in rows.itertuples())
+        text.append(f"{kind.upper()}: {verdicts}, which {agreement(list(rows.verdict))} that observation.")
+    if n_seeds < 2:
+        text.append("With one seed nothing is tested: the slopes below describe one training.")
     return " ".join(text)
 
 
-def weight_growth_line(trend: pd.DataFrame, radius_trend: pd.DataFrame, model: str, kind: str) -> str:
-    """One model's weight product ``kind`` along depth: the MLP (one 'head') by its ratio and rank
-    correlation with t, attention by how many heads grow; with the spectral radius's ratio."""
-    g = trend[(trend.model == model) & (trend.kind == kind)]
-    r = radius_trend[(radius_trend.model == model) & (radius_trend.kind == kind)]
-    if kind == "ff":
-        row, rr = g.iloc[0], r.iloc[0]
-        return (f"mean |λ| {'grows' if row.ratio > 1 else 'shrinks'} from the first to the last t (ratio {row.ratio:.3g}, "
-                f"Spearman ρ with t {row.spearman:.2f}{', at every step' if row.monotone_up else ''}); "
-                f"spectral radius ratio {rr.ratio:.3g}")
-    n, up, mono = len(g), int((g.ratio > 1).sum()), int(g.monotone_up.sum())
-    return (f"{up}/{n} heads have a larger mean |λ| at the last t than at the first "
-            f"(ratio last/first {g.ratio.min():.3g} to {g.ratio.max():.3g}, median Spearman ρ with t "
-            f"{g.spearman.median():.2f}; {mono}/{n} grow at every step; spectral radius larger at the end for "
-            f"{int((r.ratio > 1).sum())}/{n})")
+def heads_line(weights: pd.DataFrame, model: str, kind: str) -> str:
+    """How many of one model's (head, seed) curves rise over all t (a per-head slope > 0)."""
+    if kind == "ff":  # the MLP is one map, not heads
+        return ""
+    g = depth_trend(weights[(weights.model == model) & (weights.kind == kind)], "mean_abs", by=("seed", "head"))
+    return f"; {int((g.slope > 0).sum())} of {len(g)} (head, seed) curves have a positive slope"
 
 
 def jacobian_line(rows: pd.DataFrame, model: str) -> str:
-    """The field Jacobian's spectral radius from the first to the last solver time next to the
-    state's RMS (the layer norms scale the Jacobian by its inverse), and its largest real part."""
-    rows = rows.sort_values("t")
-    t, rad, rms = rows.t.to_numpy(float), rows.spectral_radius.to_numpy(float), rows.state_rms.to_numpy(float)
+    """The field Jacobian's spectral radius along t (mean over seeds) next to the state's RMS (the
+    layer norms scale the Jacobian by its inverse), and its largest real part over every seed."""
+    n = rows.seed.nunique()
+    per_t = rows.groupby("t")[["spectral_radius", "state_rms"]].mean().sort_index()
+    t, rad, rms = per_t.index.to_numpy(float), per_t.spectral_radius.to_numpy(), per_t.state_rms.to_numpy()
     real = rows.max_real.to_numpy(float)
-    return (f"- **{model} · Jacobian ∂f/∂x**: spectral radius {rad[0]:.3g} at t = {t[0]:.3g} and {rad[-1]:.3g} at "
-            f"t = {t[-1]:.3g} ({'growing' if rad[-1] > rad[0] else 'shrinking'}) while the state's RMS goes from "
+    return (f"- **{model} · Jacobian ∂f/∂x**{_over_seeds(n)}: spectral radius {rad[0]:.3g} at t = {t[0]:.3g} and "
+            f"{rad[-1]:.3g} at t = {t[-1]:.3g}, largest at t = {t[rad.argmax()]:.3g}, while the state's RMS goes from "
             f"{rms[0]:.3g} to {rms[-1]:.3g}; ρ × RMS goes from {rad[0] * rms[0]:.3g} to "
             f"{rad[-1] * rms[-1]:.3g}. Largest real part between {real.min():.3g} and {real.max():.3g} "
             f"({'some directions expand locally at every t' if real.min() > 0 else 'not expanding at every t'}).")
@@ -120,38 +139,45 @@ def jacobian_line(rows: pd.DataFrame, model: str) -> str:
 
 def sensitivity_line(model: str, sensitivity: pd.DataFrame, spectrum: pd.DataFrame) -> str:
     """How much a perturbation of a token's own state grows against one of earlier tokens, and
-    the last token's finite-time Lyapunov spectrum."""
-    st, ts = sensitivity_stats(sensitivity), spectrum_stats(spectrum)
+    the last token's finite-time Lyapunov spectrum: each seed's numbers, averaged over seeds."""
+    st = pd.DataFrame([sensitivity_stats(g) for _, g in sensitivity.groupby("seed")]).mean()
+    ts = pd.DataFrame([spectrum_stats(g) for _, g in spectrum.groupby("seed")]).mean()
+    n, size = sensitivity.seed.nunique(), len(spectrum) // spectrum.seed.nunique()
     own, earlier = st["mean S_ii (own token)"], st["mean S_ij, j < i"]
-    return (f"- **{model} · sensitivity**: a token's own perturbation grows at rate {own:.3g} on average "
-            f"(S_ii), perturbations of earlier tokens at {earlier:.3g} (S_ij, j < i), i.e. "
+    return (f"- **{model} · sensitivity**{_over_seeds(n)}: a token's own perturbation grows at rate {own:.3g} on "
+            f"average (S_ii), perturbations of earlier tokens at {earlier:.3g} (S_ij, j < i), i.e. "
             f"{np.exp(own - earlier):.3g}x less; correlation with the distance i - j: "
             f"{st['corr(S_ij, i - j)']:.2f}. Last token: largest exponent {ts['largest (svd)']:.3g} (singular values) / "
-            f"{ts['largest (QR)']:.3g} (QR from the identity basis), {ts['positive (svd)']} of {len(spectrum)} positive, "
+            f"{ts['largest (QR)']:.3g} (QR from the identity basis), {ts['positive (svd)']:.3g} of {size} positive, "
             f"log|det| = {ts['sum = log|det|']:.3g}.")
 
 
 # --------------------------------------------------------------------------- the section
 
 
-def findings(spectral: pd.DataFrame, lyapunov: pd.DataFrame, profile: str, train_steps: int) -> str:
+def findings(spectral: pd.DataFrame, lyapunov: pd.DataFrame, profile: str, train_steps: int,
+             alpha: float = 0.05) -> str:
     """Notebook 04's conclusions as Markdown, from its spectral and Lyapunov tables (see the
-    module docstring for their rows). ``profile`` and ``train_steps`` only say where the numbers
-    come from. Models appear in the order of the spectral table."""
-    missing = {"model", "kind", "t", "mean_abs", "spectral_radius"} - set(spectral.columns)
+    module docstring for their rows). Whether a weight spectrum grows with depth is
+    ``depth_trend_test``'s verdict at level ``alpha`` (every t, every seed, Holm over the
+    (model, kind) pairs). ``profile`` and ``train_steps`` only say where the numbers come from.
+    Models appear in the order of the spectral table."""
+    missing = {"model", "kind", "t", "mean_abs", "spectral_radius", "n_eigs"} - set(spectral.columns)
     if missing:
         raise ValueError(f"spectral table lacks columns {sorted(missing)}; it has {list(spectral.columns)}")
+    spectral, lyapunov = with_seed(spectral), with_seed(lyapunov)
     models = list(dict.fromkeys(spectral.model))
     weights = spectral[spectral.kind.isin(WEIGHT_KINDS)]
-    trend, radius_trend = depth_trend(weights, "mean_abs"), depth_trend(weights, "spectral_radius")
-    text = [growth_paragraph(trend, dynamics_summary(spectral, lyapunov), profile, train_steps), ""]
-    text += [f"- **{model} · {kind.upper()}**: {weight_growth_line(trend, radius_trend, model, kind)}."
-             for model in models for kind in WEIGHT_KINDS
-             if ((trend.model == model) & (trend.kind == kind)).any()]
+    test = depth_trend_test(weights, "mean_abs", alpha=alpha)
+    text = [growth_paragraph(test, profile, train_steps), ""]
+    text += [f"- **{r.model} · {r.kind.upper()}**: {trend_line(r)}{heads_line(weights, r.model, r.kind)}."
+             for r in test.itertuples()]
     text += [jacobian_line(spectral[(spectral.model == model) & (spectral.kind == "jacobian")], model)
              for model in models if ((spectral.model == model) & (spectral.kind == "jacobian")).any()]
     text.append("")
     for model in models:
         rows = lyapunov[lyapunov.model == model]
+        if rows.empty:
+            continue
         text.append(sensitivity_line(model, rows[rows.analysis == "sensitivity"], rows[rows.analysis == "token_spectrum"]))
     return "\n".join(text)

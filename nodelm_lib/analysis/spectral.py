@@ -48,8 +48,12 @@ outer eigenvalues, and Golub-Kahan-Lanczos bidiagonalisation (JVPs and VJPs; pow
 J^T J accelerated) the spectral norm. (For ``reversible_heun`` the trajectory holds the solver's
 y states; the solver itself evaluates the field at its auxiliary z states.)
 
-``dynamics_summary`` condenses both analyses and the Lyapunov tables (``lyapunov.py``) into one
-row per (model, analysis): the headline numbers of notebook 04 and its docs table.
+**Growth with depth** (``depth_trend_test``): whether a weight spectrum's mean |lambda| grows with
+t is read from every solver time and every seed: per seed the least-squares slope of the heads'
+pooled value against t, then the mean slope across seeds with a t-based CI and a one-sample
+t-test, Holm-corrected over the (model, kind) rows. ``dynamics_summary`` condenses both analyses
+and the Lyapunov tables (``lyapunov.py``) into one row per (model, seed, analysis): the
+descriptive numbers of notebook 04 and its docs table.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ import pandas as pd
 import torch
 from torch.func import jvp, vjp
 
+from .. import stats
 from ..models.common import continuous_block
 from ..time_layers import time_code
 from ..ode import FIXED_STEP_METHODS
@@ -314,38 +319,129 @@ def weight_spectra(model, times: torch.Tensor | None = None, ff_units: int | Non
                          float(block.ode.n_steps) if block.integration == "residual" else 1.0)
 
 
+def _slope(t: np.ndarray, v: np.ndarray) -> float:
+    """Least-squares slope of v against t (NaN with fewer than two times)."""
+    return float(np.polyfit(t, v, 1)[0]) if len(t) > 1 else float("nan")
+
+
+def _spearman(t: np.ndarray, v: np.ndarray) -> float:
+    """Spearman's rank correlation of v with t (average ranks for ties; NaN if v is constant)."""
+    rt, rv = pd.Series(t).rank().to_numpy(), pd.Series(v).rank().to_numpy()
+    return float(np.corrcoef(rt, rv)[0, 1]) if len(t) > 1 and rv.std() > 0 else float("nan")
+
+
 def depth_trend(summary: pd.DataFrame, value: str = "mean_abs", by=("model", "kind", "head")) -> pd.DataFrame:
     """Does ``value`` grow with t? Per group: the first and last values, their ratio, the
-    least-squares slope in t, Spearman's rank correlation with t, and whether every step increases."""
+    least-squares slope in t, Spearman's rank correlation with t, and whether every step increases.
+    One curve per group, no test: ``depth_trend_test`` tests the slope across seeds."""
     by = [c for c in by if c in summary.columns]
     rows = []
     for key, g in summary.groupby(by, sort=False):
         g = g.sort_values("t")
         t, v = g.t.to_numpy(), g[value].to_numpy()
-        rt, rv = pd.Series(t).rank().to_numpy(), pd.Series(v).rank().to_numpy()
-        rho = float(np.corrcoef(rt, rv)[0, 1]) if len(t) > 1 and rv.std() > 0 else float("nan")
-        slope = float(np.polyfit(t, v, 1)[0]) if len(t) > 1 else float("nan")
         rows.append(dict(zip(by, key if isinstance(key, tuple) else (key,)), first=v[0], last=v[-1],
-                         ratio=v[-1] / v[0], slope=slope, spearman=rho, monotone_up=bool(np.all(np.diff(v) > 0))))
+                         ratio=v[-1] / v[0], slope=_slope(t, v), spearman=_spearman(t, v),
+                         monotone_up=bool(np.all(np.diff(v) > 0))))
     return pd.DataFrame(rows)
 
 
-SUMMARY_COLUMNS = ("model", "analysis", "t_first", "t_last", "mean_abs_first", "mean_abs_last", "mean_abs_ratio",
-                   "radius_first", "radius_last", "radius_ratio", "radius_min", "radius_max", "heads_growing",
-                   "max_exponent", "exponent_sum", "n_positive")
+def with_seed(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with a ``seed`` column: tables written before notebook 04 trained several seeds
+    hold one run, of seed 0, and have none."""
+    return table if "seed" in table.columns else table.assign(seed=0)
+
+
+def pooled_over_heads(summary: pd.DataFrame, value: str = "mean_abs", by=("model", "seed", "kind")) -> pd.DataFrame:
+    """``value`` of all heads together at each t: per (``by``, t) the heads' values averaged with
+    their numbers of eigenvalues (``n_eigs``) as weights, so that a head-pooled ``mean_abs`` is the
+    mean |lambda| over every head's eigenvalues (as ``dynamics_summary`` pools them). Columns:
+    ``by``, ``t``, ``value``. A table without ``seed`` counts as one run of seed 0 (``with_seed``)."""
+    summary = with_seed(summary)
+    missing = {value, "t", "n_eigs", *by} - set(summary.columns)
+    if missing:
+        raise ValueError(f"the spectra table lacks column(s) {sorted(missing)}; it has {list(summary.columns)}")
+    weighted = summary.assign(_w=summary[value] * summary.n_eigs)
+    pooled = weighted.groupby([*by, "t"], sort=False).agg(_w=("_w", "sum"), _n=("n_eigs", "sum")).reset_index()
+    # groups in the order they first appear (models and kinds as the table lists them), t ascending in each
+    return (pooled.assign(**{value: pooled._w / pooled._n}).drop(columns=["_w", "_n"])
+            .sort_values("t", kind="stable").reset_index(drop=True))
+
+
+TREND_COLUMNS = ("model", "kind", "n_seeds", "n_times", "level", "slope_mean", "slope_sd", "ci_low", "ci_high",
+                 "rel_slope", "t_stat", "p", "p_holm", "n_up", "spearman_mean", "verdict")
+
+
+def depth_trend_test(summary: pd.DataFrame, value: str = "mean_abs", by=("model", "kind"), alpha: float = 0.05,
+                     confidence: float = 0.95) -> pd.DataFrame:
+    """Does ``value`` grow with depth? A test over every solver time and every seed.
+
+    For each group of ``by`` (one row per (model, kind) by default) and each seed: the heads'
+    ``value`` pooled at each t (``pooled_over_heads``), its least-squares slope against t over all
+    the solver's times, and Spearman's rank correlation with t. Across seeds (independent
+    trainings, so the slopes are independent): ``slope_mean``, ``slope_sd``, the t-based
+    ``confidence`` interval (``ci_low``, ``ci_high``), the one-sample t-test of a zero mean slope
+    (``t_stat``, ``p``: ``stats.paired_test`` of the slopes against zero slopes) and ``n_up``, the
+    seeds whose slope is positive. ``p_holm``: Holm's correction over every row (the family is the
+    table's groups). ``verdict``: "grows with depth" or "shrinks with depth" where ``p_holm < alpha``,
+    else "not resolved at n = <seeds>". ``level`` is the mean of ``value`` over times and seeds and
+    ``rel_slope`` = slope_mean / level (growth per unit of t relative to the size of the values).
+
+    Why not the ratio of the last to the first t: two endpoints of one curve do not say whether it
+    rises across depth, and one seed does not say whether another training would agree. With one
+    seed (or a table without ``seed``) there is no test: the row has its slope, NaN p, and is not
+    resolved at n = 1.
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    by = list(by)
+    pooled = pooled_over_heads(summary, value, by=[*by, "seed"])
+    rows = []
+    for key, g in pooled.groupby(by, sort=False):
+        per_seed = [(_slope(s.t.to_numpy(), s[value].to_numpy()), _spearman(s.t.to_numpy(), s[value].to_numpy()))
+                    for _, s in g.groupby("seed", sort=True)]  # each seed's times ascending (pooled_over_heads)
+        slopes, rhos = np.array([s for s, _ in per_seed]), np.array([r for _, r in per_seed])
+        n = len(slopes)
+        test = (stats.paired_test(slopes, np.zeros(n), confidence) if n > 1 else
+                dict(mean_diff=float(slopes[0]), sd_diff=np.nan, ci_low=np.nan, ci_high=np.nan, t=np.nan, p_t=np.nan))
+        level = float(g[value].mean())
+        rows.append(dict(zip(by, key if isinstance(key, tuple) else (key,)), n_seeds=n, n_times=g.t.nunique(),
+                         level=level, slope_mean=test["mean_diff"], slope_sd=test["sd_diff"], ci_low=test["ci_low"],
+                         ci_high=test["ci_high"], rel_slope=test["mean_diff"] / level, t_stat=test["t"],
+                         p=test["p_t"], n_up=int((slopes > 0).sum()),
+                         spearman_mean=float(np.nanmean(rhos)) if np.isfinite(rhos).any() else np.nan))
+    table = pd.DataFrame(rows)
+    if table.empty:
+        raise ValueError(f"no rows to test: the spectra table has no {value!r} values")
+    table["p_holm"] = stats.holm(table.p.to_numpy(float))
+    table["verdict"] = [trend_verdict(r.slope_mean, r.p_holm, r.n_seeds, alpha) for r in table.itertuples()]
+    return table[[*by, *[c for c in TREND_COLUMNS if c not in ("model", "kind")]]]
+
+
+def trend_verdict(slope_mean: float, p_holm: float, n_seeds: int, alpha: float = 0.05) -> str:
+    """The words for one row of ``depth_trend_test``: a direction only where Holm's p resolves it."""
+    if np.isfinite(p_holm) and p_holm < alpha:
+        return "grows with depth" if slope_mean > 0 else "shrinks with depth"
+    return f"not resolved at n = {n_seeds}"
+
+
+SUMMARY_COLUMNS = ("model", "seed", "analysis", "t_first", "t_last", "mean_abs_first", "mean_abs_last",
+                   "mean_abs_ratio", "radius_first", "radius_last", "radius_ratio", "radius_min", "radius_max",
+                   "heads_growing", "max_exponent", "exponent_sum", "n_positive")
 
 
 def dynamics_summary(spectral: pd.DataFrame, lyapunov: pd.DataFrame) -> pd.DataFrame:
-    """The headline numbers of notebook 04, one row per (model, analysis), from its two tables:
-    ``spectral`` (``WeightSpectra.summary()`` and ``JacobianSpectra.summary()`` rows with a ``model``
-    column: ``results/spectral_<profile>.csv``) and ``lyapunov`` (``TokenSensitivity.frame()`` and
-    ``TokenSpectrum.frame()`` rows with ``model`` and ``analysis``: ``results/lyapunov_<profile>.csv``).
+    """The headline numbers of notebook 04, one row per (model, seed, analysis), from its two tables:
+    ``spectral`` (``WeightSpectra.summary()`` and ``JacobianSpectra.summary()`` rows with ``model``
+    and ``seed`` columns: ``results/spectral_<profile>.csv``) and ``lyapunov``
+    (``TokenSensitivity.frame()`` and ``TokenSpectrum.frame()`` rows with ``model``, ``seed`` and
+    ``analysis``: ``results/lyapunov_<profile>.csv``). A table without ``seed`` is one run of seed 0.
 
     - ``qk``, ``ov``, ``ff``, ``jacobian``: at each t the eigenvalues of all heads pooled, their mean
       |lambda| and spectral radius at the first and last solver time (``t_first``, ``t_last``), the
-      ratios last / first (> 1: they grow with depth, as Tong et al. report for attention), and the
-      radius's range over t. ``heads_growing`` (weights only): heads whose own mean |lambda| is
-      larger at the last t than at the first, of all heads.
+      ratios last / first, and the radius's range over t. ``heads_growing`` (weights only): heads
+      whose own mean |lambda| is larger at the last t than at the first, of all heads. These
+      describe one run's endpoints; whether a value grows with depth is ``depth_trend_test``'s
+      question (every t, every seed).
     - ``sensitivity``: ``max_exponent`` the largest S_ij = log sigma_max(d x_i(1) / d x_j(0)) over
       j <= i, ``n_positive`` the pairs (i, j) with S_ij > 0 (a perturbation of token j that grows by
       the time it reaches token i), of all pairs.
@@ -354,36 +450,52 @@ def dynamics_summary(spectral: pd.DataFrame, lyapunov: pd.DataFrame) -> pd.DataF
       position if the table holds several (analysis ``token_spectrum@p``).
     Cells that do not apply are NaN.
     """
+    spectral, lyapunov = with_seed(spectral), with_seed(lyapunov)
+    runs = list(dict.fromkeys([*zip(spectral.model, spectral.seed), *zip(lyapunov.model, lyapunov.seed)]))
+    models = list(dict.fromkeys(name for name, _ in runs))
     rows = []
-    for name in dict.fromkeys([*spectral.model, *lyapunov.model]):
-        s = spectral[spectral.model == name]
-        for kind in (*KINDS, "jacobian"):
-            g = s[s.kind == kind].sort_values(["t", "head"])
-            if g.empty:
-                continue
-            per_t = g.assign(sum_abs=g.mean_abs * g.n_eigs).groupby("t").agg(
-                sum_abs=("sum_abs", "sum"), n=("n_eigs", "sum"), radius=("spectral_radius", "max"))
-            mean_abs, radius = (per_t.sum_abs / per_t.n).to_numpy(), per_t.radius.to_numpy()
-            row = dict(model=name, analysis=kind, t_first=per_t.index[0], t_last=per_t.index[-1],
-                       mean_abs_first=mean_abs[0], mean_abs_last=mean_abs[-1],
-                       mean_abs_ratio=mean_abs[-1] / mean_abs[0], radius_first=radius[0], radius_last=radius[-1], radius_ratio=radius[-1] / radius[0],
-                       radius_min=radius.min(), radius_max=radius.max())
-            if kind != "jacobian":
-                grows = g.groupby("head").mean_abs.agg(lambda v: v.iloc[-1] > v.iloc[0])
-                row["heads_growing"] = f"{int(grows.sum())}/{len(grows)}"
-            rows.append(row)
-        ly_ = lyapunov[lyapunov.model == name]
-        S = ly_[ly_.analysis == "sensitivity"].exponent.to_numpy(float)
-        if S.size:
-            rows.append(dict(model=name, analysis="sensitivity", max_exponent=np.nanmax(S),
-                             n_positive=f"{int((S > 0).sum())}/{S.size}"))
-        spectra = ly_[ly_.analysis == "token_spectrum"]
-        for position, g in spectra.groupby("position", sort=False):
-            svd = g.sort_values("index").svd.to_numpy(float)
-            label = "token_spectrum" if spectra.position.nunique() == 1 else f"token_spectrum@{int(position)}"
-            rows.append(dict(model=name, analysis=label, max_exponent=svd.max(), exponent_sum=svd.sum(),
-                             n_positive=f"{int((svd > 0).sum())}/{svd.size}"))
+    for name, seed in sorted(runs, key=lambda run: models.index(run[0])):  # model by model, seeds as listed
+        s = spectral[(spectral.model == name) & (spectral.seed == seed)]
+        rows += [dict(model=name, seed=seed, **row) for row in _spectra_rows(s)]
+        ly_ = lyapunov[(lyapunov.model == name) & (lyapunov.seed == seed)]
+        rows += [dict(model=name, seed=seed, **row) for row in _lyapunov_rows(ly_)]
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+def _spectra_rows(s: pd.DataFrame) -> list[dict]:
+    """``dynamics_summary``'s weight and Jacobian rows of one run."""
+    rows = []
+    for kind in (*KINDS, "jacobian"):
+        g = s[s.kind == kind].sort_values(["t", "head"])
+        if g.empty:
+            continue
+        per_t = g.assign(sum_abs=g.mean_abs * g.n_eigs).groupby("t").agg(
+            sum_abs=("sum_abs", "sum"), n=("n_eigs", "sum"), radius=("spectral_radius", "max"))
+        mean_abs, radius = (per_t.sum_abs / per_t.n).to_numpy(), per_t.radius.to_numpy()
+        row = dict(analysis=kind, t_first=per_t.index[0], t_last=per_t.index[-1],
+                   mean_abs_first=mean_abs[0], mean_abs_last=mean_abs[-1], mean_abs_ratio=mean_abs[-1] / mean_abs[0],
+                   radius_first=radius[0], radius_last=radius[-1], radius_ratio=radius[-1] / radius[0],
+                   radius_min=radius.min(), radius_max=radius.max())
+        if kind != "jacobian":
+            grows = g.groupby("head").mean_abs.agg(lambda v: v.iloc[-1] > v.iloc[0])
+            row["heads_growing"] = f"{int(grows.sum())}/{len(grows)}"
+        rows.append(row)
+    return rows
+
+
+def _lyapunov_rows(ly_: pd.DataFrame) -> list[dict]:
+    """``dynamics_summary``'s sensitivity and token-spectrum rows of one run."""
+    rows = []
+    S = ly_[ly_.analysis == "sensitivity"].exponent.to_numpy(float)
+    if S.size:
+        rows.append(dict(analysis="sensitivity", max_exponent=np.nanmax(S), n_positive=f"{int((S > 0).sum())}/{S.size}"))
+    spectra = ly_[ly_.analysis == "token_spectrum"]
+    for position, g in spectra.groupby("position", sort=False):
+        svd = g.sort_values("index").svd.to_numpy(float)
+        label = "token_spectrum" if spectra.position.nunique() == 1 else f"token_spectrum@{int(position)}"
+        rows.append(dict(analysis=label, max_exponent=svd.max(), exponent_sum=svd.sum(),
+                         n_positive=f"{int((svd > 0).sum())}/{svd.size}"))
+    return rows
 
 
 # --------------------------------------------------------------------------- the field's Jacobian
@@ -563,6 +675,34 @@ def plot_depth(summary: pd.DataFrame, value: str = "mean_abs", ylabel: str = "me
             ax.set(title=f"{name} · {KIND_TITLES[kind]}", xlabel="depth t", ylabel=ylabel)
             ax.title.set_fontsize(9)
             if r == 0 and c < 2:
+                ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def plot_depth_trend(summary: pd.DataFrame, trend: pd.DataFrame, value: str = "mean_abs",
+                     ylabel: str = "mean |λ|, heads pooled") -> plt.Figure:
+    """What ``depth_trend_test`` tests: per model (rows) and kind (columns) each seed's head-pooled
+    ``value`` against t with its least-squares line, titled with the mean slope, its CI and Holm's p."""
+    use_style()
+    pooled = pooled_over_heads(summary, value)
+    models = list(dict.fromkeys(pooled.model))
+    kinds = [k for k in KINDS if k in set(pooled.kind)]
+    fig, axes = plt.subplots(len(models), len(kinds), figsize=(3.6 * len(kinds), 2.9 * len(models)), squeeze=False)
+    result = trend.set_index(["model", "kind"])
+    for r, name in enumerate(models):
+        for c, kind in enumerate(kinds):
+            ax = axes[r, c]
+            for i, (seed, g) in enumerate(pooled[(pooled.model == name) & (pooled.kind == kind)].groupby("seed")):
+                t, v = g.t.to_numpy(), g[value].to_numpy()
+                ax.plot(t, v, "o", ms=3, color=f"C{i}", label=f"seed {seed}")
+                if len(t) > 1:
+                    ax.plot(t, np.polyval(np.polyfit(t, v, 1), t), "-", lw=0.8, color=f"C{i}")
+            row = result.loc[(name, kind)]
+            ax.set(title=f"{name} · {KIND_TITLES[kind]}\nslope {row.slope_mean:+.3g} [{row.ci_low:+.3g}, "
+                         f"{row.ci_high:+.3g}], Holm p {row.p_holm:.2g}", xlabel="depth t", ylabel=ylabel)
+            ax.title.set_fontsize(8)
+            if r == 0 and c == 0:
                 ax.legend(fontsize=6)
     fig.tight_layout()
     return fig
