@@ -134,7 +134,8 @@ def test_step_maps_reproduce_the_forward_pass(arch, method):
     ref = model.ode_block(x)
     for step in ly.model_step_maps(model):
         x = step(x)
-    assert torch.allclose(x, ref, rtol=0, atol=1e-6)
+    # the same arithmetic in another order: float32 rounding, a few ulps of the state's size (~5)
+    assert torch.allclose(x, ref, rtol=2e-6, atol=1e-6)
     logits, _ = model(idx)
     assert torch.allclose(model.lm_head(model.ln_f(x)), logits, atol=1e-5)
 
