@@ -352,7 +352,7 @@ def test_a_runs_numbers_do_not_depend_on_how_its_tokens_are_held(shared_dir, tmp
 
 
 CHILD = r'''
-import json, resource, sys
+import json, sys
 from pathlib import Path
 
 import numpy as np
@@ -361,23 +361,24 @@ import torch
 from nodelm_lib import data
 
 
-def peak_kib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-
-
 def status_kib(field):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
+def peak_kib():
+    # VmHWM, not getrusage's ru_maxrss: that also keeps the peak of threads that have exited
+    return status_kib("VmHWM")
+
+
 def restart_peak():
-    # Linux: the peak RSS starts again from the current RSS; elsewhere, the peak so far
+    # Linux: the peak RSS starts again from the current RSS; where it cannot, the peak so far
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return status_kib("VmRSS")
     except OSError:
-        return peak_kib()
+        pass
+    return peak_kib()
 
 
 root, cache, tokenizer = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
