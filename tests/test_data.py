@@ -102,6 +102,7 @@ def test_default_search_finds_shared_next_to_checkout():
 
 def test_no_data_dir_uses_hub(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "_candidate_dirs", lambda: [])
+    monkeypatch.setattr(data, "HUB_SHA256", {})  # a stand-in text, not the pinned corpus
     calls = []
     monkeypatch.setattr(data, "_open_hub", lambda *a: calls.append(a) or HubSplit("from hub\n"))
     assert data.load_text("wikitext2", "test") == "from hub\n"
@@ -113,6 +114,7 @@ def test_missing_local_file_falls_back_to_hub(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="test.txt does not exist.*hub failed"):
         data.load_text("wikitext2", "test", data_dir=tmp_path)
     monkeypatch.setattr(data, "_open_hub", lambda *a: HubSplit("hub text"))
+    monkeypatch.setattr(data, "HUB_SHA256", {})  # a stand-in text, not the pinned corpus
     assert data.load_text("wikitext2", "test", data_dir=tmp_path) == "hub text"
 
 
