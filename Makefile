@@ -167,7 +167,7 @@ $(2): $(1)
 endef
 $(foreach nb,$(NOTEBOOKS),$(if $(call nb_alias,$(nb)),$(eval $(call alias_rule,$(nb),$(call nb_alias,$(nb))))))
 
-# nodelm_lib.reproduce runs `make <nb>` for each notebook and times it, between two CPU probes
+# nodelm_lib.reporting.reproduce runs `make <nb>` for each notebook and times it, between two CPU probes
 # (a shared VM can run the same profile at very different wall times), writing the timings to
 # results/reproduce_$(PROFILE).{json,csv} after every notebook; tables then renders them in the docs.
 # (Through SUBMAKE, not $(MAKE) itself: a recipe line that names $(MAKE) runs even under
@@ -214,12 +214,12 @@ docs-notebooks: setup
 	  $(KERNEL_ENV) $(VENV)/bin/papermill notebooks/$$nb.ipynb "$(DOCS_WORK)/$$nb.ipynb" \
 	    -f params/$$nb/$(DOCS_PROFILE).yaml -p work_dir "$(abspath $(DOCS_WORK))" \
 	    --cwd notebooks -k python3 $(PAPERMILL_FLAGS); \
-	  $(VPY) -m nodelm_lib.report notebook "$(DOCS_WORK)/$$nb.ipynb" docs/notebooks/$$nb.ipynb \
+	  $(VPY) -m nodelm_lib.reporting.pages notebook "$(DOCS_WORK)/$$nb.ipynb" docs/notebooks/$$nb.ipynb \
 	    --profile $(DOCS_PROFILE) --commit $$commit; \
 	  echo ">> $$nb done in $$(( $$(date +%s) - start )) s"; \
 	done
 	@for nb in $(filter-out $(DOCS_EXECUTED),$(NOTEBOOKS)); do \
-	  $(VPY) -m nodelm_lib.report notebook notebooks/$$nb.ipynb docs/notebooks/$$nb.ipynb --profile $(DOCS_PROFILE) --pending; \
+	  $(VPY) -m nodelm_lib.reporting.pages notebook notebooks/$$nb.ipynb docs/notebooks/$$nb.ipynb --profile $(DOCS_PROFILE) --pending; \
 	done
 
 lab: setup

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nodelm_lib.layers import explicit_attention  # noqa: E402
-from nodelm_lib.profiling import cpu_description  # noqa: E402
+from nodelm_lib.nn.layers import explicit_attention  # noqa: E402
+from nodelm_lib.training.profiling import cpu_description  # noqa: E402
 
 # (batch, heads, positions, head width): nanoGPT's baby config and notebook 02's cpu profile (the
 # same shape), the seed config (without its dropout), and a longer context

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nodelm_lib.losses import linear_cross_entropy
+from nodelm_lib.nn.losses import linear_cross_entropy
 
 
 def timed(fn, repeats: int, device: str) -> float:

@@ -9,7 +9,7 @@ re-implemented from its description) at ``BABY``: 4 layers, 4 heads, width 128, 
 batch 12, dropout 0, LayerNorm and Linear without bias (train.py's default), full (B, T, V)
 logits and ``F.cross_entropy``, AdamW (multi-tensor: nanoGPT fuses it on CUDA only), clip 1.0,
 warmup + cosine. Ours is ``gpt`` at the same sizes (``bias`` on, ModelConfig's default, unless
-``--no-ours-bias``) trained by ``nodelm_lib/train.py``'s own step (``_train_step``: the learning
+``--no-ours-bias``) trained by ``nodelm_lib/train.py``'s own step (``train_step``: the learning
 rate of ``lr_at``, a batch from ``sample_batch``, the chunked loss without (B, T, V) logits, the
 loss's finiteness check, the per-group gradient norms, clipping, ``make_optimizer``'s fused
 AdamW), with the same optimiser settings (lr 1e-3, min lr 1e-4, warmup 100 of 2000, weight
@@ -53,8 +53,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # nanogpt_reference
 import nodelm_lib as nl  # noqa: E402
 from nodelm_lib.data import fixed_batches, load_tokens, sample_batch  # noqa: E402
-from nodelm_lib.profiling import cpu_description  # noqa: E402
-from nodelm_lib.train import RunRecord, _train_step, cpu_has_native_bf16, evaluate, make_optimizer  # noqa: E402
+from nodelm_lib.training.profiling import cpu_description  # noqa: E402
+from nodelm_lib.training.record import RunRecord  # noqa: E402
+from nodelm_lib.training.loop import train_step  # noqa: E402
+from nodelm_lib.training.device import cpu_has_native_bf16  # noqa: E402
+from nodelm_lib.training.evaluation import evaluate  # noqa: E402
+from nodelm_lib.training.optim import make_optimizer  # noqa: E402
 from nanogpt_reference import BABY, NanoGPT, NanoGPTConfig, NanoGPTTrainer, char_vocab_65  # noqa: E402
 
 # --quick: every size small, so that a run takes seconds; the numbers mean nothing
@@ -113,7 +117,7 @@ class Ours:
         self.iter_num = 0
 
     def step(self) -> float:
-        row = _train_step(self.model, self.model, self.optimizer, self.tc, self.iter_num % self.tc.max_steps,
+        row = train_step(self.model, self.model, self.optimizer, self.tc, self.iter_num % self.tc.max_steps,
                           self.tokens, self.batch_gen, self.device, self.groups, self.autocast, self.record)
         self.iter_num += 1
         return row["loss"]

@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nodelm_lib as nl  # noqa: E402
-from nodelm_lib.profiling import cpu_description, keep_freed_memory  # noqa: E402
+from nodelm_lib.training.profiling import cpu_description, keep_freed_memory  # noqa: E402
 from record import SEED_VOCAB, cpu_02_arms, our_training_step, seed_config_models  # noqa: E402
 
 PRODUCTS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_dot_product_flash_attention")

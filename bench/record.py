@@ -69,10 +69,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # seed_reference
 import nodelm_lib as nl  # noqa: E402
-from nodelm_lib.experiment import architecture_arms  # noqa: E402
+from nodelm_lib.experiments.sweeps import architecture_arms  # noqa: E402
 from nodelm_lib.models import count_params  # noqa: E402
-from nodelm_lib.profiling import cpu_description, forward_flops_per_token, keep_freed_memory  # noqa: E402
-from nodelm_lib.train import _grad_norms, clip_gradients, cpu_has_native_bf16, enable_tf32  # noqa: E402
+from nodelm_lib.training.profiling import cpu_description, keep_freed_memory
+from nodelm_lib.training.flops import forward_flops_per_token  # noqa: E402
+from nodelm_lib.training.optim import _grad_norms, clip_gradients  # noqa: E402
+from nodelm_lib.training.device import cpu_has_native_bf16, enable_tf32  # noqa: E402
 from seed_reference import SeedLM, seed_training_step  # noqa: E402
 
 TARGETS = {"ti_ssm": 1.5, "node": 1.2, "ti_mlp": 1.2, "hybrid": 1.2}  # max step-time ratio to gpt (issue 20)
@@ -461,7 +463,7 @@ def bf16_matmul_tflops(n: int = 8192, repeats: int = 10) -> float:
 def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, write_row=None) -> list[dict]:
     """Every arm of 02's gpu profile, one after another on the GPU (which nothing else shares):
     ``steps`` timed training steps after three untimed ones (the first of which compiles), per mode."""
-    from nodelm_lib.estimate import estimate_time
+    from nodelm_lib.experiments.estimate import estimate_time
 
     base, arms = gpu_02_arms()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -27,9 +27,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from head_loss import timed  # median of repeats after a warm-up, synchronised on a GPU
-from nodelm_lib.models.ssm import (adjoint_recurrence, linear_recurrence, scan_in_float32, scan_with,
-                                   selective_scan)
-from nodelm_lib.profiling import cpu_description, peak_memory_mb
+from nodelm_lib.models.scans import adjoint_recurrence, linear_recurrence, scan_in_float32, scan_with, selective_scan
+from nodelm_lib.training.profiling import cpu_description, peak_memory_mb
 
 # operators that launch no kernel: allocation and type queries (views are recognised by schema)
 NO_KERNEL = {"empty", "empty_strided", "new_empty", "promote_types", "detach", "lift_fresh"}

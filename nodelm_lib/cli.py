@@ -30,8 +30,8 @@ from .config import PRESETS, TrainConfig, apply_overrides, load_yaml, model_pres
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .distributed import launch_context
-    from .train import train
+    from nodelm_lib.training.distributed import launch_context
+    from nodelm_lib.training.loop import train
 
     tc = load_yaml(args.config) if args.config else TrainConfig()
     if args.preset:
@@ -58,7 +58,7 @@ def _train(args: argparse.Namespace) -> int:
 def check_out_dir(tc: TrainConfig, overwrite: bool) -> None:
     """Refuse to train into an ``out_dir`` that holds a checkpoint unless told what to do with
     it: continue it (``--resume``) or start again from step 0 over it (``--overwrite``)."""
-    from .train import CHECKPOINT_NAME
+    from nodelm_lib.training.record import CHECKPOINT_NAME
 
     if tc.out_dir is None or tc.resume or overwrite:
         return
@@ -85,9 +85,9 @@ def _tokenizer_of(model, override: str | None, data_dir: str | None):
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
-    from .checkpoints import load_model
-    from .generation import generate
-    from .train import resolve_device
+    from nodelm_lib.training.model_files import load_model
+    from nodelm_lib.generation.sampling import generate
+    from nodelm_lib.training.device import resolve_device
 
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, device=device)
@@ -132,9 +132,10 @@ class TextStream:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from .checkpoints import load_model
+    from nodelm_lib.training.model_files import load_model
     from .data import load_tokens
-    from .train import evaluate_split, resolve_device
+    from nodelm_lib.training.evaluation import evaluate_split
+    from nodelm_lib.training.device import resolve_device
 
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, device=device)
@@ -150,7 +151,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _tables(args: argparse.Namespace) -> int:
-    from .report import write_tables
+    from nodelm_lib.reporting.pages import write_tables
 
     for page, tables in write_tables(Path(args.root)).items():
         print(f"{page}: {len(tables)} table(s) from {', '.join(tables)}")
@@ -158,7 +159,7 @@ def _tables(args: argparse.Namespace) -> int:
 
 
 def _cpu(args: argparse.Namespace) -> int:
-    from .profiling import cpu_availability
+    from nodelm_lib.training.profiling import cpu_availability
 
     res = cpu_availability(seconds=args.seconds)
     chunks = f"{res['chunks']} identical chunk" + ("s" if res["chunks"] != 1 else "")
@@ -169,7 +170,7 @@ def _cpu(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from .reproduce import make_notebook, probe, reproduce
+    from nodelm_lib.reporting.reproduce import make_notebook, probe, reproduce
 
     root = Path(args.root)
     record = reproduce(args.notebooks, args.profile, root, run_notebook=make_notebook(args.make, args.profile, root),
@@ -178,7 +179,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace) -> int:
-    from .integrity import check_store, quarantine, store_files
+    from nodelm_lib.training.integrity import check_store, quarantine, store_files
 
     checked = len(store_files(args.store, args.checkpoints))
     if args.action == "check":
@@ -243,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_train)
 
     p = sub.add_parser("generate", help="sample text from a saved model, printed as it is generated")
-    p.add_argument("--checkpoint", required=True, help="model file (nl.save_checkpoint) or a run's checkpoint.pt / out_dir")
+    p.add_argument("--checkpoint", required=True, help="model file (nl.save_model) or a run's checkpoint.pt / out_dir")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=count(0), default=200)
     p.add_argument("--temperature", type=number(0.0), default=1.0, help="0 is greedy")

@@ -24,7 +24,8 @@ import numpy as np
 import yaml
 
 from .data import CORPORA, TOKENIZERS
-from .ode.solve import FIXED_STEP_METHODS, METHODS, SENSITIVITIES
+from nodelm_lib.ode.solve import SENSITIVITIES
+from nodelm_lib.ode.solvers import FIXED_STEP_METHODS, METHODS
 
 ARCHS = ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm")
 # one time-dependent block integrated over t in [0, 1]: the depth is the solver's steps

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 import nodelm_lib as nl
-from nodelm_lib import ablations
-from nodelm_lib.checkpoints import load_model
-from nodelm_lib.experiment import arm_configs, checkpoint_path, run
-from nodelm_lib.train import load_parent_weights, with_tokenizer_vocab
+from nodelm_lib.runs import store as run_store
+from nodelm_lib.experiments import ablations
+from nodelm_lib.training.model_files import load_model
+from nodelm_lib.experiments.sweeps import arm_configs, checkpoint_path, run
+from nodelm_lib.training.state import load_parent_weights
+from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
 
 def tiny_ti_mlp(steps: int = 2, **kw) -> nl.TrainConfig:
@@ -79,8 +81,8 @@ def test_a_depth_curve_is_kept_beside_the_record_and_read_back_without_the_weigh
     record = nl.run(tiny_ti_mlp(), store=store, checkpoints=ckpt)
     args = dict(eval_steps=[1, 2], methods=["euler", "rk4"], splits=("validation", "test"), max_batches=1)
     computed = ablations.depth_curve(record, checkpoints=ckpt, store=store, **args)
-    assert nl.store.evaluations_path(store, record.config_hash).exists()
-    assert [r.config_hash for r in nl.store.load_records(store)] == [record.config_hash]  # not taken for a record
+    assert run_store.evaluations_path(store, record.config_hash).exists()
+    assert [r.config_hash for r in run_store.load_records(store)] == [record.config_hash]  # not taken for a record
     assert not ablations.depth_curve_missing(record, [1, 2], ["euler", "rk4"], ("validation", "test"), 1, store)
     assert ablations.depth_curve_missing(record, [4], ["euler"], ("validation",), 1, store)
     assert ablations.depth_curve_missing(record, [1], ["euler"], ("validation",), None, store)  # other batches
@@ -90,7 +92,7 @@ def test_a_depth_curve_is_kept_beside_the_record_and_read_back_without_the_weigh
     with pytest.raises(FileNotFoundError, match="need_checkpoint=True"):  # a point never evaluated
         ablations.depth_curve(record, [4], checkpoints=nofile, store=store, max_batches=1)
     # evaluations of another training of the run (retrained elsewhere: another final loss) are not used
-    other = nl.RunRecord.from_json(nl.store.record_path(store, record.config_hash))
+    other = nl.RunRecord.from_json(run_store.record_path(store, record.config_hash))
     other.final["val_loss"] += 1e-3
     assert ablations.depth_curve_missing(other, [1], ["euler"], ("validation",), 1, store)
     with pytest.raises(FileNotFoundError):
@@ -106,15 +108,15 @@ def test_depth_curves_retrain_only_a_run_that_has_neither_stored_points_nor_weig
     checkpoint_path(b.config_hash, ckpt).unlink()
     checkpoint_path(a.config_hash, ckpt).unlink()
     trained = []
-    original = nl.store.train_into_store
-    monkeypatch.setattr(nl.store, "train_into_store", lambda tc, *args, **kw: trained.append(tc.config_hash())
+    original = run_store.train_into_store
+    monkeypatch.setattr(run_store, "train_into_store", lambda tc, *args, **kw: trained.append(tc.config_hash())
                         or original(tc, *args, **kw))
     both = ablations.depth_curves([("a", a), ("b", b)], [1, 2], max_batches=1, store=store, checkpoints=ckpt,
                                   isolate=False)
     assert trained == [b.config_hash]  # a's points are stored; b had neither points nor weights
     assert both[both["arm"] == "a"].reset_index(drop=True).equals(first)
     # b was trained again on the same CPU: the same numbers, so its points are stored under its record
-    assert nl.RunRecord.from_json(nl.store.record_path(store, b.config_hash)).final == b.final
+    assert nl.RunRecord.from_json(run_store.record_path(store, b.config_hash)).final == b.final
     assert not ablations.depth_curve_missing(b, [1, 2], max_batches=1, store=store)
 
 
@@ -227,11 +229,11 @@ def test_depth_transfer_reads_a_finished_study_back_without_any_weights(tmp_path
     def refuse(tc, *args, **kw):
         raise AssertionError(f"trained {tc.config_hash()} again")
 
-    monkeypatch.setattr(nl.store, "train_into_store", refuse)
+    monkeypatch.setattr(run_store, "train_into_store", refuse)
     again = ablations.depth_transfer(base, {"ti_mlp": {"model": base.model}}, [0], checkpoints=ckpt, **options)
     assert again.equals(table)
     # a fine-tuning run not yet stored needs its parent's weights: the parent is trained again first
     finetuned = table[table["variant"] == "finetuned"]["config_hash"].iloc[0]
-    nl.store.record_path(store, finetuned).unlink()
+    run_store.record_path(store, finetuned).unlink()
     with pytest.raises(AssertionError, match=table[table["variant"] == "trained"]["config_hash"].iloc[0]):
         ablations.depth_transfer(base, {"ti_mlp": {"model": base.model}}, [0], checkpoints=ckpt, **options)

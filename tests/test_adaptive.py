@@ -9,7 +9,7 @@ import torchdiffeq
 
 from nodelm_lib.ode import TABLEAUS, rk_step
 from nodelm_lib.ode.adaptive import _attempt, _interpolant_terms, _interpolate, solve_adaptive
-from nodelm_lib.ode.stats import SolveStats
+from nodelm_lib.ode.counters import SolveStats
 from nodelm_lib.ode.tableaus import ADAPTIVE_TABLEAUS, DOPRI5
 
 METHODS = sorted(ADAPTIVE_TABLEAUS)

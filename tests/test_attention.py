@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import nodelm_lib as nl
 from nodelm_lib.config import ARCHS
-from nodelm_lib.layers import attend, explicit_attention
+from nodelm_lib.nn.layers import attend, explicit_attention
 
 FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
@@ -95,7 +95,7 @@ def test_cached_passes_under_cpu_bf16_autocast_match_the_full_forward():
     """Prefill 7 positions, then 1, then 3 at once, under bf16 autocast (the explicit kernel with
     the cache's rectangular mask): each pass's logits are the full forward's at those positions,
     to bf16 precision."""
-    from nodelm_lib.decode_cache import DecodeCache
+    from nodelm_lib.nn.decode_cache import DecodeCache
 
     torch.manual_seed(0)
     model = nl.build_model(nl.ModelConfig(arch="gpt", vocab_size=64, d_model=32, n_heads=4, n_layers=2,

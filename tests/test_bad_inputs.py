@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import nodelm_lib as nl
+from nodelm_lib.runs import store as run_store
 
 NAN, INF = math.nan, math.inf
 
@@ -56,7 +57,7 @@ def workdir() -> Path:
     """A folder with a tiny model file and a stored record, made once per process."""
     root = Path(tempfile.mkdtemp(prefix="nodelm-bad-inputs-"))
     torch.manual_seed(0)
-    nl.save_checkpoint(nl.build_model(small()), root / "model.pt", tokenizer="char", dataset="tinyshakespeare")
+    nl.save_model(nl.build_model(small()), root / "model.pt", tokenizer="char", dataset="tinyshakespeare")
     tc = nl.TrainConfig(model=small(), seq_len=16)
     record = nl.RunRecord(config=nl.config.to_dict(tc), config_hash=tc.config_hash(), seed=0, status="completed")
     (root / "runs").mkdir()
@@ -130,13 +131,13 @@ def edited_record(change):
     change(stored)
     stored.pop("digest", None)  # as a record written before records had one
     path.write_text(json.dumps(stored))
-    return nl.store.load_records(path.parent)
+    return run_store.load_records(path.parent)
 
 
 def renamed_record():
     path = fresh(next((workdir() / "runs").glob("*.json")).relative_to(workdir()))
     path.rename(path.with_name("0123456789abcdef.json"))
-    return nl.store.load_records(path.parent)
+    return run_store.load_records(path.parent)
 
 
 def cut_short(name: str, keep: float = 0.5) -> Path:
@@ -356,7 +357,7 @@ CASES = {
     "evaluate_split seq_len > max": (lambda: _train_module().evaluate_split(model(), np.arange(100), 32), r"seq_len=32 exceeds the model's max_seq_len=16"),
     # stored files
     "record with an edited lr": (lambda: edited_record(lambda r: r["config"].update(lr=0.5)), r"its stored config hashes to [0-9a-f]{16}, but the record says config_hash"),
-    "record cut short": (lambda: nl.store.load_records(cut_short("runs/" + _record_name()).parent), r"is not readable JSON .*store quarantine"),
+    "record cut short": (lambda: run_store.load_records(cut_short("runs/" + _record_name()).parent), r"is not readable JSON .*store quarantine"),
     "record under another name": (renamed_record, r"0123456789abcdef.json: the file is named for run 0123456789abcdef but holds the record of run"),
     "model file cut short": (lambda: nl.load_model(cut_short("model.pt")), r"model file .*model.pt cannot be read: it was cut short or is corrupt"),
     "model file empty": (lambda: nl.load_model(cut_short("model.pt", keep=0)), r"model file .*model.pt is empty"),
@@ -390,7 +391,7 @@ CASES = {
 
 
 def _train_module():
-    return importlib.import_module("nodelm_lib.train")  # nl.train is the function
+    return importlib.import_module("nodelm_lib.training.loop")  # nl.train is the function
 
 
 def _record_name() -> str:

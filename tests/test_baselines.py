@@ -1,4 +1,4 @@
-"""nodelm_lib.baselines: add-k n-gram models against hand-computed probabilities, k
+"""nodelm_lib.experiments.ngram: add-k n-gram models against hand-computed probabilities, k
 chosen on validation only, input errors, and the real tiny-shakespeare numbers."""
 
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nodelm_lib import baselines as bl
+from nodelm_lib.experiments import ngram as bl
 from nodelm_lib import data
 
 # toy text for the hand computations: V = 3, k = 1

@@ -5,8 +5,8 @@ wherever the blocked path does not apply."""
 import pytest
 import torch
 
-from nodelm_lib import time_layers
-from nodelm_lib.time_layers import HyperLinear, basis_product
+from nodelm_lib.nn import time_layers
+from nodelm_lib.nn.time_layers import HyperLinear, basis_product
 
 E, N, S = 37, 96, 4  # E not a multiple of either block size: the last blocks are partial
 

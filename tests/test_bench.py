@@ -14,7 +14,7 @@ import op_times  # noqa: E402
 import record  # noqa: E402
 import scan  # noqa: E402
 from head_loss import padded_cross_entropy  # noqa: E402
-from nodelm_lib.models.ssm import linear_recurrence_reference  # noqa: E402
+from nodelm_lib.models.scans import linear_recurrence_reference  # noqa: E402
 
 
 def test_a_step_at_the_ceiling_has_mfu_one_and_the_measured_ratio_as_its_bound():

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from nodelm_lib import claims
+from nodelm_lib.runs import claims
 
 
 def dead_pid() -> int:
@@ -63,7 +63,7 @@ def test_of_many_simultaneous_claimants_exactly_one_wins(tmp_path):
 def test_a_dead_workers_claim_is_taken_over_with_a_warning(tmp_path, caplog):
     plant(tmp_path, "abc", host=socket.gethostname(), pid=dead_pid())
     assert claims.is_stale(claims.read_claim(tmp_path, "abc"))
-    with caplog.at_level(logging.WARNING, logger="nodelm_lib.claims"):
+    with caplog.at_level(logging.WARNING, logger="nodelm_lib.runs.claims"):
         claim = claims.try_claim(tmp_path, "abc")
     assert claim is not None and claims.read_claim(tmp_path, "abc")["pid"] == os.getpid()
     assert "taking over the stale claim on run abc" in caplog.text

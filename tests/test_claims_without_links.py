@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import test_claims as with_links  # the same checks, run here with os.link failing
-from nodelm_lib import claims
+from nodelm_lib.runs import claims
 
 # every test of test_claims.py that creates, takes over or puts back a claim file
 GUARANTEES = ["test_one_holder_at_a_time_and_the_claim_says_who", "test_of_many_simultaneous_claimants_exactly_one_wins",

@@ -10,8 +10,10 @@ import pandas as pd
 import pytest
 
 import nodelm_lib as nl
-from nodelm_lib import experiment, stats
-from nodelm_lib.experiment import arm_configs, check_protocol, select_lr, selected_lrs
+from nodelm_lib.experiments import sweeps
+from nodelm_lib.runs import records
+from nodelm_lib.reporting import tables
+from nodelm_lib.experiments.sweeps import arm_configs, check_protocol, select_lr, selected_lrs
 
 
 def tiny(**kw) -> nl.TrainConfig:
@@ -55,7 +57,7 @@ def test_select_lr_picks_the_lowest_validation_loss_per_arm_and_sweep_uses_it(tm
     runs = nl.sweep(tiny(), ARMS, [0], lr_selection=table, **options)
     assert dict(zip(runs["arm"], runs["lr"])) == chosen
     # the curves of that sweep are found under the same selection
-    curves = experiment.curves(tiny(), ARMS, [0], store=tmp_path / "runs", lr_selection=table)
+    curves = sweeps.curves(tiny(), ARMS, [0], store=tmp_path / "runs", lr_selection=table)
     assert set(curves["arm"]) == {"a", "b"} and (curves["train_flops"] >= 0).all()
 
 
@@ -79,24 +81,24 @@ def test_rates_at_the_grid_edge_are_named_and_interior_ones_are_not():
                           "lr": [1e-3, 2e-3, 4e-3] * 3 + [1e-3],
                           "selected": [False, False, True, False, True, False, True, False, False, True]})
     # a: best at the top, c: at the bottom, b: inside, d: one rate only (no grid to widen)
-    assert experiment.rates_at_grid_edge(table) == {"a": 4e-3, "c": 1e-3}
-    assert experiment.rates_at_grid_edge(table[table["arm"] == "b"]) == {}
+    assert sweeps.rates_at_grid_edge(table) == {"a": 4e-3, "c": 1e-3}
+    assert sweeps.rates_at_grid_edge(table[table["arm"] == "b"]) == {}
 
 
 def test_compare_lr_rankings():
     short = pd.DataFrame({"arm": ["a"] * 3, "lr": [1, 2, 4], "steps": 5, "val_loss": [3.0, 2.0, 2.5],
                           "selected": [False, True, False]})
     full = short.assign(steps=20, val_loss=[2.0, 1.5, 1.4], selected=[False, False, True])
-    check = experiment.compare_lr_rankings(short, full)
+    check = records.compare_lr_rankings(short, full)
     assert check["rank_short"].tolist() == [3, 1, 2] and check["rank_full"].tolist() == [3, 2, 1]
     assert not check["same_ranking"].any() and not check["same_choice"].any()
-    same = experiment.compare_lr_rankings(short, short.assign(steps=20))
+    same = records.compare_lr_rankings(short, short.assign(steps=20))
     assert same["same_ranking"].all() and same["same_choice"].all()
 
 
 def test_controls_and_presets():
     model = nl.ModelConfig(vocab_size=256, d_model=32, n_heads=4, n_layers=4)
-    arms = experiment.architecture_arms(model, ["gpt", "node", "ti_ssm"], controls=["gpt_parallel", "ssm"],
+    arms = sweeps.architecture_arms(model, ["gpt", "node", "ti_ssm"], controls=["gpt_parallel", "ssm"],
                                         presets={"node": "tong"})
     assert arms["gpt_parallel"]["model"].arch == "gpt" and arms["gpt_parallel"]["model"].parallel
     assert not arms["gpt"]["model"].parallel
@@ -105,9 +107,9 @@ def test_controls_and_presets():
     node = arms["node"]["model"]
     assert (node.hyper_dim, node.time_features, node.time_hidden) == (64, 64, 64)
     with pytest.raises(ValueError, match="control 'rnn' is not valid; choose one of 'gpt_parallel', 'ssm'"):
-        experiment.architecture_arms(model, ["gpt"], controls=["rnn"])
+        sweeps.architecture_arms(model, ["gpt"], controls=["rnn"])
     with pytest.raises(ValueError, match="preset 'huge'"):
-        experiment.architecture_arms(model, ["node"], presets={"node": "huge"})
+        sweeps.architecture_arms(model, ["node"], presets={"node": "huge"})
 
 
 def test_tong_preset_is_the_51_5M_parameter_model_at_the_seed_scale():
@@ -129,21 +131,21 @@ def test_ssm_control_has_the_mixer_of_ti_ssm_without_time():
 
 def test_pooled_loss_weights_splits_by_tokens():
     runs = pd.DataFrame({"val_loss": [1.0], "val_tokens": [100], "test_loss": [2.0], "test_tokens": [300]})
-    assert experiment.pooled_loss(runs).iloc[0] == pytest.approx(1.75)
+    assert records.pooled_loss(runs).iloc[0] == pytest.approx(1.75)
 
 
 def test_reference_rows_fill_only_their_columns():
     table = pd.DataFrame({"arm": ["gpt"], "seeds": [5], "val loss": ["1.9 ± 0.1"], "test loss": ["2.0 ± 0.1"]})
     refs = pd.DataFrame({"model": ["bigram"], "val_loss": [2.4734], "test_loss": [2.5019]})
-    out = stats.append_reference_rows(table, refs, {"val_loss": "val loss", "test_loss": "test loss"})
+    out = tables.append_reference_rows(table, refs, {"val_loss": "val loss", "test_loss": "test loss"})
     assert out.iloc[1].tolist() == ["bigram", "–", "2.473", "2.502"]
     with pytest.raises(ValueError, match="column 'ppl' is not in the table"):
-        stats.append_reference_rows(table, refs, {"val_loss": "ppl"})
+        tables.append_reference_rows(table, refs, {"val_loss": "ppl"})
 
 
 def test_record_row_carries_lr_tokens_and_training_flops(tmp_path):
     rec = nl.train(tiny(eval_on="whole_split", max_steps=2, eval_interval=2))
-    row = experiment.record_row(rec)
+    row = records.record_row(rec)
     assert row["lr"] == 1e-3 and row["val_tokens"] == rec.final["val_tokens"] > 0
     assert row["train_flops"] == pytest.approx(3 * rec.flops_per_token * 2 * 2 * 16)
     assert row["activation_mb"] > 0 and math.isfinite(row["test_loss"])
@@ -166,5 +168,5 @@ def test_two_workers_store_the_records_one_process_computes(tmp_path):
 def test_the_committed_cpu_selection_chose_every_rate_inside_its_grid():
     # 02's cpu profile: a best rate at an edge of the grid would say the grid is too narrow there
     selection = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "seed_comparison_cpu_lr_selection.csv")
-    assert experiment.rates_at_grid_edge(selection) == {}
+    assert sweeps.rates_at_grid_edge(selection) == {}
     assert selection["arm"].nunique() == 8 and selection.groupby("arm")["lr"].nunique().min() >= 3

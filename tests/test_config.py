@@ -9,7 +9,7 @@ import pytest
 import nodelm_lib as nl
 from nodelm_lib.config import (HASHED_ONLY_IF_CHANGED, NON_SEMANTIC_KEYS, apply_overrides, from_dict, load_yaml,
                                save_yaml, to_dict)
-from nodelm_lib.integrity import HASH_NAME
+from nodelm_lib.training.integrity import HASH_NAME
 
 
 def test_yaml_round_trip(tmp_path):

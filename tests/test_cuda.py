@@ -13,7 +13,7 @@ import torch
 
 import nodelm_lib as nl
 from nodelm_lib.config import ARCHS
-from nodelm_lib.train import CHECKPOINT_NAME
+from nodelm_lib.training.record import CHECKPOINT_NAME
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -111,7 +111,7 @@ def test_cached_decoding_on_cuda_equals_recomputing(arch):
 
 def test_a_model_saved_on_cuda_loads_on_the_cpu(tmp_path):
     model = trained_like("hybrid", "cuda")
-    nl.save_checkpoint(model, tmp_path / "model.pt", tokenizer="char")
+    nl.save_model(model, tmp_path / "model.pt", tokenizer="char")
     loaded = nl.load_model(tmp_path / "model.pt", device="cpu")
     assert next(loaded.parameters()).device.type == "cpu"
     idx = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(2))
@@ -133,7 +133,7 @@ def test_a_cuda_training_checkpoint_loads_on_the_cpu(tmp_path):
 def test_the_head_loss_on_cuda_equals_the_chunked_loss_on_the_cpu():
     """On CUDA the loss is F.linear + F.cross_entropy (bf16 product under autocast, fusable);
     on the CPU the chunked loop. Same value and gradients in float32."""
-    from nodelm_lib.losses import linear_cross_entropy
+    from nodelm_lib.nn.losses import linear_cross_entropy
 
     g = torch.Generator().manual_seed(0)
     h, w = torch.randn(300, 16, generator=g), torch.randn(1000, 16, generator=g) * 0.1

@@ -331,7 +331,7 @@ def test_a_runs_numbers_do_not_depend_on_how_its_tokens_are_held(shared_dir, tmp
 
     import nodelm_lib as nl
 
-    train_module = importlib.import_module("nodelm_lib.train")  # the module; nl.train is the function
+    train_module = importlib.import_module("nodelm_lib.training.loop")  # the module; nl.train is the function
     monkeypatch.setenv("NODELM_CACHE_DIR", str(tmp_path))
     model = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=16, n_heads=2, n_layers=1, max_seq_len=16)
     tc = nl.TrainConfig(model=model, dataset="tinyshakespeare", batch_size=4, seq_len=16, max_steps=4,

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import nodelm_lib as nl
-from nodelm_lib import distributed
-from nodelm_lib.train import CHECKPOINT_NAME, RECORD_NAME
+from nodelm_lib.training import distributed
+from nodelm_lib.training.record import CHECKPOINT_NAME, RECORD_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, GLOBAL_BATCH, CUT_AT = 20, 8, 10
@@ -40,7 +40,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import nodelm_lib as nl
     from nodelm_lib import cli
 
-    train_module = importlib.import_module("nodelm_lib.train")  # nl.train is the function
+    train_module = importlib.import_module("nodelm_lib.training.loop")  # nl.train is the function
 
     out, config, cut_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
     log = open(os.path.join(out, f"writes-rank{os.environ['RANK']}.txt"), "w")
@@ -178,7 +178,7 @@ def test_the_launch_is_read_from_torchruns_environment():
 LATE_RANK_SCRIPT = textwrap.dedent("""
     import datetime, os, time
     import torch
-    from nodelm_lib import distributed
+    from nodelm_lib.training import distributed
 
     distributed.EXIT_WAIT = datetime.timedelta(seconds=1)
     ctx = distributed.launch_context()

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import nodelm_lib as nl
-from nodelm_lib.report import MARKER, NOTE_ID, update_page_tables
+from nodelm_lib.reporting.pages import MARKER, NOTE_ID, update_page_tables
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"

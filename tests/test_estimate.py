@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import nodelm_lib as nl
-from nodelm_lib.estimate import (DEFAULT_MFU, GPU, GPUS, TRAIN_FLOPS_PER_FORWARD_FLOP, estimate_time,
-                                 format_seconds, forward_flops, gpu_seconds, train_flops)
-from nodelm_lib.profiling import forward_flops_per_token
+from nodelm_lib.experiments.estimate import DEFAULT_MFU, GPU, GPUS, estimate_time, format_seconds, gpu_seconds, train_flops
+from nodelm_lib.training.flops import TRAIN_FLOPS_PER_FORWARD_FLOP, forward_flops
+from nodelm_lib.training.flops import forward_flops_per_token
 
 
 def cfg(arch="gpt", **kw) -> nl.TrainConfig:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import nodelm_lib as nl
 from nodelm_lib.data import split_windows
-from nodelm_lib.train import activation_bytes, eval_batches, evaluate_split
+from nodelm_lib.training.evaluation import activation_bytes, eval_batches, evaluate_split
 
 
 def small_model(arch: str = "gpt") -> nl.models.CausalLM:
@@ -71,7 +71,7 @@ def test_whole_split_run_records_its_token_counts():
 
 
 def test_whole_split_at_end_scores_the_curve_on_batches_and_the_final_losses_on_whole_splits():
-    from nodelm_lib.train import evaluate, final_eval_batches
+    from nodelm_lib.training.evaluation import evaluate, final_eval_batches
 
     model = nl.ModelConfig(vocab_size=256, d_model=16, n_heads=2, n_layers=1, max_seq_len=64)
     tc = nl.TrainConfig(model=model, batch_size=64, seq_len=64, max_steps=2, warmup_steps=1, eval_interval=2,

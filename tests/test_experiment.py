@@ -15,11 +15,14 @@ import pytest
 import torch
 
 import nodelm_lib as nl
-import nodelm_lib.store as store_module
-from nodelm_lib import experiment
+import nodelm_lib.runs.store as store_module
+from nodelm_lib.experiments import sweeps
 from nodelm_lib.config import with_values
-from nodelm_lib.estimate import forward_flops
-from nodelm_lib.experiment import arm_configs, check_protocol, record_path, record_row, time_to_target
+from nodelm_lib.training.flops import forward_flops
+from nodelm_lib.experiments.sweeps import arm_configs, check_protocol
+from nodelm_lib.runs.records import record_row, time_to_target
+from nodelm_lib.runs.store import record_path
+from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +43,7 @@ def untimed(record: nl.RunRecord) -> dict:
 
 
 def test_nl_train_is_still_the_function():
-    assert callable(nl.train) and nl.train.__module__ == "nodelm_lib.train"
+    assert callable(nl.train) and nl.train.__module__ == "nodelm_lib.training.loop"
 
 
 def test_a_stored_run_is_read_back_not_rerun(tmp_path, monkeypatch):
@@ -66,7 +69,7 @@ def test_final_models_read_stored_weights_and_retrain_missing_ones(tmp_path, mon
 
     options = dict(store=tmp_path / "runs", checkpoints=tmp_path / "ckpt", isolate=False, progress=False)
     arms = {"a": {"model.arch": "gpt"}}
-    runs, models = experiment.final_models(tiny(max_steps=4), arms, [0, 1], **options)
+    runs, models = sweeps.final_models(tiny(max_steps=4), arms, [0, 1], **options)
     assert list(models) == [("a", 0), ("a", 1)] and runs["seed"].tolist() == [0, 1]
     assert not models[("a", 0)].training and models[("a", 0)].cfg.arch == "gpt"
     idx = torch.arange(8).reshape(1, 8)
@@ -77,12 +80,12 @@ def test_final_models_read_stored_weights_and_retrain_missing_ones(tmp_path, mon
 
     with monkeypatch.context() as m:  # records and weights stored: read, not trained
         m.setattr(store_module, "train", must_not_train)
-        _, again = experiment.final_models(tiny(max_steps=4), arms, [0, 1], **options)
+        _, again = sweeps.final_models(tiny(max_steps=4), arms, [0, 1], **options)
     assert torch.equal(again[("a", 0)](idx)[0], logits)
     assert not torch.equal(again[("a", 1)](idx)[0], logits)  # each seed its own model
     # a clone has the records but not the weights: the run is trained again, to the same numbers
     shutil.rmtree(tmp_path / "ckpt" / runs["config_hash"].iloc[0])
-    retrained, third = experiment.final_models(tiny(max_steps=4), arms, [0, 1], **options)
+    retrained, third = sweeps.final_models(tiny(max_steps=4), arms, [0, 1], **options)
     assert retrained["val_loss"].tolist() == runs["val_loss"].tolist()
     assert torch.allclose(third[("a", 0)](idx)[0], logits, rtol=0, atol=1e-6)
 
@@ -92,9 +95,9 @@ def test_selected_lrs_reads_a_selection_file(tmp_path):
 
     path = tmp_path / "seed_comparison_x_lr_selection.csv"
     pd.DataFrame({"arm": ["a", "a", "b"], "lr": [1e-3, 2e-3, 4e-3], "selected": [False, True, True]}).to_csv(path, index=False)
-    assert experiment.selected_lrs(path) == experiment.selected_lrs(str(path)) == {"a": 2e-3, "b": 4e-3}
+    assert sweeps.selected_lrs(path) == sweeps.selected_lrs(str(path)) == {"a": 2e-3, "b": 4e-3}
     with pytest.raises(FileNotFoundError, match=r"no learning-rate selection at .*missing.csv: run the notebook"):
-        experiment.selected_lrs(tmp_path / "missing.csv")
+        sweeps.selected_lrs(tmp_path / "missing.csv")
 
 
 def test_records_are_written_atomically(tmp_path, monkeypatch):
@@ -135,7 +138,7 @@ def test_a_killed_sweep_resumes_to_identical_records(tmp_path):
     script = SWEEP_SCRIPT.format(tests=str(REPO / "tests"), steps=steps, store=str(store), ckpt=str(ckpt))
     child = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, start_new_session=True)
     hybrid_cfg = arm_configs(tiny(max_steps=steps, eval_interval=100), ARMS, [0])[1][2]
-    hybrid_ckpt = ckpt / experiment.with_tokenizer_vocab(hybrid_cfg).config_hash() / "checkpoint.pt"
+    hybrid_ckpt = ckpt / with_tokenizer_vocab(hybrid_cfg).config_hash() / "checkpoint.pt"
     deadline = time.time() + 300
     while not hybrid_ckpt.exists():  # the first arm is done and the second one is under way
         assert child.poll() is None, "the sweep finished before it could be killed; make the runs longer"
@@ -164,7 +167,7 @@ def test_a_killed_sweep_resumes_to_identical_records(tmp_path):
 def test_every_arm_of_a_seed_sees_the_same_batches(monkeypatch):
     import importlib
 
-    train_module = importlib.import_module("nodelm_lib.train")  # the module; nl.train is the function
+    train_module = importlib.import_module("nodelm_lib.training.loop")  # the module; nl.train is the function
 
     seen: dict[str, list] = {}
     original = train_module.sample_batch
@@ -187,7 +190,7 @@ def test_every_arm_of_a_seed_sees_the_same_batches(monkeypatch):
 
 def _fake_record(tc: nl.TrainConfig, seconds_per_step: float, steps: int = 10) -> nl.RunRecord:
     from nodelm_lib.config import to_dict
-    from nodelm_lib.train import with_tokenizer_vocab
+    from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
     tc = with_tokenizer_vocab(tc)
     return nl.RunRecord(config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
@@ -202,7 +205,7 @@ def test_expected_seconds_uses_measured_step_times_then_flops(tmp_path):
     store.mkdir()
     small, wide = tiny(), with_values(tiny(), {"model.d_model": 64})
     _fake_record(with_values(small, {"seed": 7}), seconds_per_step=0.5).to_json(record_path(store, "a"))
-    guess = experiment.expected_seconds([small, tiny(max_steps=24), wide], store)
+    guess = sweeps.expected_seconds([small, tiny(max_steps=24), wide], store)
     assert guess[0] == pytest.approx(12 * 0.5) and guess[1] == pytest.approx(24 * 0.5)  # measured, times steps
     # unmeasured: FLOPs at the record's 0.5 s per (1e6 FLOPs x 128 tokens)
     expected = 12 * 0.5 / (1e6 * 128) * forward_flops(wide) * 128
@@ -216,9 +219,9 @@ def test_parallel_runs_start_longest_first(tmp_path, monkeypatch):
         started.append(tc.max_steps)
         return _fake_record(tc, 0.0)
 
-    monkeypatch.setattr(experiment, "run", fake_run)
+    monkeypatch.setattr(sweeps, "run", fake_run)
     steps = [3, 40, 7, 25, 12, 1]
-    records = experiment.train_all([tiny(max_steps=n) for n in steps], store=tmp_path / "runs",
+    records = sweeps.train_all([tiny(max_steps=n) for n in steps], store=tmp_path / "runs",
                                    checkpoints=tmp_path / "ckpt", isolate=True, workers=2, progress=False)
     assert [len(r.metrics) for r in records] == [10] * len(steps)  # records in the order given
     assert [r.config["max_steps"] for r in records] == steps
@@ -282,7 +285,7 @@ def test_with_values_sets_dotted_keys_and_whole_configs():
 
 def test_architecture_arms_add_a_parameter_matched_gpt():
     model = nl.ModelConfig(vocab_size=256, d_model=64, n_heads=4, n_layers=4)
-    arms = experiment.architecture_arms(model, ["gpt", "ti_mlp"], match_to="ti_mlp")
+    arms = sweeps.architecture_arms(model, ["gpt", "ti_mlp"], match_to="ti_mlp")
     assert list(arms) == ["gpt", "ti_mlp", "gpt_matched"]
     target = nl.count_params(arms["ti_mlp"]["model"])["non_embedding"]
     matched = arms["gpt_matched"]["model"]
@@ -292,7 +295,7 @@ def test_architecture_arms_add_a_parameter_matched_gpt():
 
 def test_forward_flops_per_token_counts_matmuls_attention_and_every_stage(monkeypatch):
     from nodelm_lib.models.common import ODEBlock
-    from nodelm_lib.profiling import forward_flops_per_token
+    from nodelm_lib.training.flops import forward_flops_per_token
 
     d, L, T, V = 32, 2, 16, 256
     gpt = nl.build_model(nl.ModelConfig(vocab_size=V, d_model=d, n_heads=4, n_layers=L, max_seq_len=T))
@@ -316,7 +319,7 @@ def test_flops_per_token_counts_weights_generated_from_t_once_per_pass():
     """node's hypernetwork weights are generated once per forward pass, so per token they cost
     less at a larger batch; the two-count formula equals a direct count at that batch. A gpt
     costs the same per token at any batch."""
-    from nodelm_lib.profiling import _forward_flops, forward_flops_per_token
+    from nodelm_lib.training.flops import _forward_flops, forward_flops_per_token
 
     T = 16
     node = nl.build_model(nl.config.for_arch(nl.ModelConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=2,
@@ -333,8 +336,8 @@ def test_a_stored_record_counted_at_one_sequence_is_counted_again_at_its_batch(t
     """Records written before the FLOPs count took the batch have it at one sequence: reading the
     store counts it again at the training batch and writes it back, once; a record counted at its
     batch, or one still running, is left as it is."""
-    from nodelm_lib.estimate import forward_flops
-    from nodelm_lib.store import load_records, read_record
+    from nodelm_lib.training.flops import forward_flops
+    from nodelm_lib.runs.store import load_records, read_record
 
     tc = tiny(model=nl.config.for_arch(tiny().model, "node"))
     old = _fake_record(tc, 0.5)
@@ -356,11 +359,11 @@ def test_a_stored_record_counted_at_one_sequence_is_counted_again_at_its_batch(t
 def test_report_table_shows_mean_ci_and_the_paired_comparison():
     import pandas as pd
 
-    from nodelm_lib import stats
+    from nodelm_lib.reporting import stats, tables
 
     runs = pd.DataFrame({"arm": ["a"] * 3 + ["b"] * 3, "seed": [0, 1, 2] * 2,
                          "test_loss": [2.0, 2.1, 2.2, 1.5, 1.61, 1.69], "params": [100] * 3 + [50] * 3})
-    table = stats.report_table(runs, {"test_loss": ("test loss", 3), "params": ("params", 0)}, reference="a",
+    table = tables.report_table(runs, {"test_loss": ("test loss", 3), "params": ("params", 0)}, reference="a",
                                test_metric="test_loss").set_index("arm")
     assert table.loc["a", "test loss"] == "2.100 ± 0.248"  # t_{0.975,2} * 0.1 / sqrt(3)
     assert table.loc["b", "params"] == "50"  # the same for every seed: no interval
@@ -396,7 +399,7 @@ def test_an_isolated_run_stops_when_its_sweep_is_killed(tmp_path):
     the dead sweep's claim and train the same hash a second time beside the orphan."""
     store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
     long_run = tiny(max_steps=10**6, eval_interval=10**5)
-    config_file = ckpt / experiment.with_tokenizer_vocab(long_run).config_hash() / "config.json"
+    config_file = ckpt / with_tokenizer_vocab(long_run).config_hash() / "config.json"
     script = ORPHAN_SCRIPT.format(tests=str(REPO / "tests"), store=str(store), ckpt=str(ckpt))
     sweep = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
     children = []

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import nodelm_lib as nl
-from nodelm_lib import fast_decode
+from nodelm_lib.generation.sampling import fast_decode
 from nodelm_lib.config import ARCHS
 from nodelm_lib.models.gpt import GPT
-from nodelm_lib.ode.solve import FIXED_STEP_METHODS
+from nodelm_lib.ode.solvers import FIXED_STEP_METHODS
 
 from test_generate import small, trained_like
 

@@ -7,12 +7,12 @@ import torch
 
 import nodelm_lib as nl
 from nodelm_lib.config import ARCHS
-from nodelm_lib.generation import sample_next
+from nodelm_lib.generation.sampling import sample_next
 import nodelm_lib.models.node as node_module
-import nodelm_lib.time_layers as time_layers
-from nodelm_lib.decode_cache import DecodeCache
-from nodelm_lib.time_layers import HyperLinear
-from nodelm_lib.ode.solve import FIXED_STEP_METHODS
+import nodelm_lib.nn.time_layers as time_layers
+from nodelm_lib.nn.decode_cache import DecodeCache
+from nodelm_lib.nn.time_layers import HyperLinear
+from nodelm_lib.ode.solvers import FIXED_STEP_METHODS
 
 
 def small(arch: str, method: str = "euler", **kw) -> nl.ModelConfig:
@@ -176,7 +176,7 @@ def test_on_token_sees_every_new_token_as_it_is_drawn():
 
 def test_save_and_load_model_round_trip(tmp_path):
     model = trained_like(small("ti_ssm", "rk4"))
-    path = nl.save_checkpoint(model, tmp_path / "m.pt", tokenizer="char")
+    path = nl.save_model(model, tmp_path / "m.pt", tokenizer="char")
     loaded = nl.load_model(path)
     assert type(loaded) is type(model) and loaded.cfg == model.cfg and not loaded.training
     idx = torch.randint(0, 64, (2, 9))

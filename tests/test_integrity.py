@@ -15,11 +15,14 @@ import pandas as pd
 import pytest
 
 import nodelm_lib as nl
-from nodelm_lib import claims, data, stats
+from nodelm_lib.runs import store as run_store
+from nodelm_lib.runs import claims
+from nodelm_lib import data
+from nodelm_lib.reporting import stats
 from nodelm_lib.cli import main as cli_main
-from nodelm_lib.integrity import CheckpointError, RecordError, check_store, quarantine
-from nodelm_lib.records import record_row
-from nodelm_lib.store import load_records, read_record, record_path, stored_record
+from nodelm_lib.training.integrity import CheckpointError, RecordError, check_store, quarantine
+from nodelm_lib.runs.records import record_row
+from nodelm_lib.runs.store import load_records, read_record, record_path, stored_record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -190,12 +193,12 @@ def test_an_empty_or_unparsable_claim_is_stale_at_once(tmp_path, text):
 
 def test_the_evaluations_beside_a_record_are_checked(store):
     record = stored_record(tiny(0), store)
-    path = nl.store.write_evaluations(record, {"k": {"loss": 1.0}}, store)
-    assert nl.store.read_evaluations(record, store) == {"k": {"loss": 1.0}}
+    path = run_store.write_evaluations(record, {"k": {"loss": 1.0}}, store)
+    assert run_store.read_evaluations(record, store) == {"k": {"loss": 1.0}}
     path.write_text("{")
     with pytest.raises(RecordError, match=rf"{path} is not readable JSON.*store quarantine {store}"):
-        nl.store.read_evaluations(record, store)
-    shutil.copy(nl.store.write_evaluations(record, {}, store), path.with_name(f"{path_of(store, 1).stem}.json"))
+        run_store.read_evaluations(record, store)
+    shutil.copy(run_store.write_evaluations(record, {}, store), path.with_name(f"{path_of(store, 1).stem}.json"))
     assert [p.name for p, _ in check_store(store)] == [f"{path_of(store, 1).stem}.json"]
 
 

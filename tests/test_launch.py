@@ -10,8 +10,9 @@ import time
 import pytest
 
 import nodelm_lib as nl
-from nodelm_lib import claims, launch
-from nodelm_lib.experiment import record_path
+from nodelm_lib.experiments import sweeps
+from nodelm_lib.runs import claims, launch
+from nodelm_lib.runs.store import record_path
 
 ARMS = {"gpt": {}, "hybrid": {"model.arch": "hybrid", "model.ode_start": 0, "model.ode_end": 1}}
 SEEDS = [0, 1]
@@ -68,7 +69,7 @@ def test_collect_reads_finished_runs_and_lists_the_others(sequential, tmp_path):
     done, running = sequential[1]["config_hash"][:2]
     (store / f"{done}.json").write_text(record_path(sequential[0], done).read_text())
     with claims.try_claim(store, running):
-        table = launch.collect(tiny(), ARMS, SEEDS, store)
+        table = sweeps.collect(tiny(), ARMS, SEEDS, store)
     assert list(table["status"]) == ["completed", "running", "missing", "missing"]
     assert list(table["config_hash"]) == list(sequential[1]["config_hash"])
     assert table["val_loss"].iloc[0] == sequential[1]["val_loss"].iloc[0]
@@ -84,7 +85,7 @@ def test_a_local_launcher_sweep_equals_the_sequential_one_and_a_rerun_submits_no
                      progress=False)  # returns at once: the jobs train meanwhile
     assert len(first) == 4 and set(first["status"]) <= {"missing", "running", "completed"}
     deadline = time.time() + 900  # only against a hang: a loaded 2-core machine can take minutes
-    while not (table := launch.collect(tiny(), ARMS, SEEDS, store))["status"].eq("completed").all():
+    while not (table := sweeps.collect(tiny(), ARMS, SEEDS, store))["status"].eq("completed").all():
         assert time.time() < deadline, f"the jobs did not finish: {table[['arm', 'seed', 'status']]}"
         time.sleep(POLL_S)
     expected = sequential[1]

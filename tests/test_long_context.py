@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 
 import nodelm_lib as nl
-from nodelm_lib import long_context
-from nodelm_lib.plotting import axes_description, long_context_figure, position_bins
-from nodelm_lib.store import checkpoint_path
-from nodelm_lib.train import evaluate_split
+from nodelm_lib.runs import store as run_store
+from nodelm_lib.experiments import long_context
+from nodelm_lib.reporting.plotting import axes_description, long_context_figure, position_bins
+from nodelm_lib.runs.store import checkpoint_path
+from nodelm_lib.training.evaluation import evaluate_split
 
 
 def tiny_model(seed: int = 0, max_seq_len: int = 16) -> torch.nn.Module:
@@ -96,8 +97,8 @@ def test_arm_curves_retrain_only_a_run_that_has_neither_stored_curves_nor_weight
     for record in (a, b):
         checkpoint_path(record.config_hash, ckpt).unlink()
     trained = []
-    original = nl.store.train_into_store
-    monkeypatch.setattr(nl.store, "train_into_store", lambda tc, *args, **kw: trained.append(tc.config_hash())
+    original = run_store.train_into_store
+    monkeypatch.setattr(run_store, "train_into_store", lambda tc, *args, **kw: trained.append(tc.config_hash())
                         or original(tc, *args, **kw))
     both = long_context.arm_position_curves([("a", a), ("b", b)], [16], max_windows=2, store=store,
                                             checkpoints=ckpt, isolate=False)

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 import nodelm_lib as nl
-from nodelm_lib import experiment
-from nodelm_lib.experiment import LRSelectionWarning, refine_lr_grids, select_lr, selection_table
+from nodelm_lib.experiments import sweeps
+from nodelm_lib.runs import store
+from nodelm_lib.experiments.sweeps import LRSelectionWarning, refine_lr_grids, select_lr, selection_table
 from test_comparison_protocol import tiny as tiny_protocol_config
 
 
@@ -92,12 +93,12 @@ def test_a_cliff_above_the_best_rate_adds_half_steps_on_both_sides_once():
 
 def test_per_arm_grids_are_checked():
     with pytest.raises(ValueError, match=r"lack arm\(s\) \['b'\]"):
-        experiment.arm_grids(["a", "b"], {"a": [1e-3]})
+        sweeps.arm_grids(["a", "b"], {"a": [1e-3]})
     with pytest.raises(ValueError, match="lrs is empty for arm 'a'"):
-        experiment.arm_grids(["a"], {"a": []})
+        sweeps.arm_grids(["a"], {"a": []})
     with pytest.raises(ValueError, match=r"learning rate\(s\) \[nan\] of arm 'a' are not valid"):
-        experiment.arm_grids(["a"], [1e-3, float("nan")])
-    assert experiment.arm_grids(["a", "b"], [2e-3, 1e-3, 2e-3]) == {"a": [1e-3, 2e-3], "b": [1e-3, 2e-3]}
+        sweeps.arm_grids(["a"], [1e-3, float("nan")])
+    assert sweeps.arm_grids(["a", "b"], [2e-3, 1e-3, 2e-3]) == {"a": [1e-3, 2e-3], "b": [1e-3, 2e-3]}
 
 
 def tiny(**kw) -> nl.TrainConfig:
@@ -115,13 +116,13 @@ def test_select_lr_trains_each_arm_rate_and_seed_once_and_refinement_reuses_the_
     assert table[["arm", "lr"]].values.tolist() == [["a", 1e-4], ["a", 1e-3], ["b", 3e-3]]
     assert len(list((tmp_path / "runs").glob("*.json"))) == 6
     # each mean is the mean of its seeds' stored runs
-    stored = {r.config_hash: r.final["val_loss"] for r in experiment.load_records(tmp_path / "runs")}
+    stored = {r.config_hash: r.final["val_loss"] for r in store.load_records(tmp_path / "runs")}
     for _, row in table.iterrows():
         assert row["val_loss"] == pytest.approx(np.mean([stored[h] for h in row["config_hashes"].split()]))
     # the refined search: "a" chose an edge, so its grid grows; "b" has one rate (no edge to grow)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LRSelectionWarning)
-        refined = experiment.select_lr_refined(tiny(), arms, grids, [100, 101], max_refinements=1, reported_seeds=[0],
+        refined = sweeps.select_lr_refined(tiny(), arms, grids, [100, 101], max_refinements=1, reported_seeds=[0],
                                                **options)
     assert refined.groupby("arm")["lr"].nunique().to_dict() == {"a": 3, "b": 1}
     assert len(list((tmp_path / "runs").glob("*.json"))) == 8

@@ -143,8 +143,8 @@ def test_unknown_arch_lists_the_valid_ones():
 @pytest.mark.parametrize("columns", [7, 40, 1024])  # 7: six vocabulary blocks, the last one partial
 @pytest.mark.parametrize("chunk", [1, 7, 64, None])
 def test_chunked_linear_cross_entropy_matches_the_full_logits(chunk, columns, monkeypatch):
-    from nodelm_lib import losses
-    from nodelm_lib.losses import linear_cross_entropy
+    from nodelm_lib.nn import losses
+    from nodelm_lib.nn.losses import linear_cross_entropy
 
     monkeypatch.setattr(losses, "HEAD_COLUMNS", columns)
     torch.manual_seed(0)
@@ -170,7 +170,7 @@ def test_under_cpu_bf16_autocast_the_head_products_run_in_bf16_as_autocast_runs_
     ``dtype="bfloat16"`` on a CPU. Now every product takes bf16 operands, and the loss and
     gradients are those of autocast's own ``F.cross_entropy(F.linear(h, w), y)``: the loss to
     float rounding, the gradients exactly in one group of rows and to bf16 rounding in several."""
-    from nodelm_lib import losses
+    from nodelm_lib.nn import losses
 
     if group_rows:
         monkeypatch.setattr(losses, "LOW_PRECISION_LOGITS", group_rows * 40)
@@ -205,7 +205,7 @@ def test_the_bf16_head_keeps_its_gradient_logits_between_calls_and_computes_the_
     page-faulted every step when fresh) is one kept buffer: the same memory on the next call,
     grown for a larger one, freed by ``release_kept_buffers``, and the numbers are those of a
     fresh buffer filled with garbage."""
-    from nodelm_lib import losses
+    from nodelm_lib.nn import losses
 
     torch.manual_seed(0)
     h, w, y = torch.randn(50, 16), 0.3 * torch.randn(40, 16), torch.randint(0, 40, (50,))
@@ -235,7 +235,7 @@ def test_the_bf16_head_keeps_its_gradient_logits_between_calls_and_computes_the_
 def test_chunked_loss_backward_hands_its_gradient_over_and_stays_right_when_retained(monkeypatch):
     """loss.backward() gives the head's weight the (V, D) gradient the forward computed (no copy); a retained
     graph backpropagated twice still accumulates twice the true gradient."""
-    from nodelm_lib import losses
+    from nodelm_lib.nn import losses
 
     handed = []
     backward = losses._ChunkedLinearCrossEntropy.backward
@@ -260,7 +260,7 @@ def test_chunked_loss_backward_hands_its_gradient_over_and_stays_right_when_reta
 
 
 def test_the_head_forward_in_vocabulary_blocks_writes_every_logit(monkeypatch):
-    from nodelm_lib import losses
+    from nodelm_lib.nn import losses
 
     monkeypatch.setattr(losses, "HEAD_COLUMNS", 16)
     h, w = torch.randn(5, 8), torch.randn(50, 8)  # 50 = 3 blocks of 16 and one of 2

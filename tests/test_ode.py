@@ -189,7 +189,7 @@ def test_reversible_with_another_method_is_a_clear_error():
 
 def test_reversible_memory_does_not_grow_with_the_number_of_steps():
     """Bytes autograd keeps for backward: flat for reversible, growing for direct."""
-    from nodelm_lib.profiling import saved_tensor_bytes
+    from nodelm_lib.training.profiling import saved_tensor_bytes
 
     field = TanhField()
     u = torch.zeros(3, dtype=torch.float64)
@@ -376,7 +376,7 @@ def test_peak_memory_of_flat_memory_methods_does_not_grow_with_steps(sensitivity
     settings, growth of 3.04 and 3.54 MiB was measured (fresh-clone CI runs, 2026-11-24 / 25;
     alone it is typically under 0.3 MiB): the resident set also sees the heap's small
     allocations, which this measurement cannot tell from tensors."""
-    from nodelm_lib.profiling import peak_memory_mb
+    from nodelm_lib.training.profiling import peak_memory_mb
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 256).double()

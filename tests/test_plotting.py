@@ -6,7 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from nodelm_lib.plotting import LABEL_PLACES, label_points  # noqa: E402
+from nodelm_lib.reporting.plotting import LABEL_PLACES, label_points  # noqa: E402
 
 
 def boxes(fig, texts):
@@ -46,7 +46,7 @@ def test_save_figure_is_silent_about_a_slow_best_legend(tmp_path, monkeypatch):
 
     import matplotlib.legend
 
-    from nodelm_lib.plotting import save_figure
+    from nodelm_lib.reporting.plotting import save_figure
 
     ticks = itertools.count(step=2.0)
     # only legend.py's view of the clock: pytest's own timing keeps the real one
@@ -96,7 +96,7 @@ def synthetic_curves(arms=("gpt", "node"), seeds=(0, 1, 2), steps=(0, 100, 200, 
 def test_curves_at_step_over_wall_time_draw_the_mean_time_per_step():
     import numpy as np
 
-    from nodelm_lib.plotting import plot_curves
+    from nodelm_lib.reporting.plotting import plot_curves
 
     curves = synthetic_curves()
     fig, ax = plt.subplots()
@@ -114,7 +114,7 @@ def test_curves_at_step_over_wall_time_draw_the_mean_time_per_step():
 def test_curves_over_step_are_unchanged_and_name_the_band():
     import numpy as np
 
-    from nodelm_lib.plotting import plot_curves
+    from nodelm_lib.reporting.plotting import plot_curves
 
     curves = synthetic_curves()
     fig, ax = plt.subplots()
@@ -131,8 +131,8 @@ def test_curves_over_step_are_unchanged_and_name_the_band():
 def test_paired_differences_cancel_the_shared_seed_noise():
     import numpy as np
 
-    from nodelm_lib.plotting import plot_paired_differences
-    from nodelm_lib.stats import mean_ci
+    from nodelm_lib.reporting.plotting import plot_paired_differences
+    from nodelm_lib.reporting.stats import mean_ci
 
     curves = synthetic_curves()
     fig, ax = plt.subplots()
@@ -154,7 +154,7 @@ def test_paired_differences_cancel_the_shared_seed_noise():
 
 
 def test_paired_differences_leave_out_seeds_missing_in_the_reference():
-    from nodelm_lib.plotting import plot_paired_differences
+    from nodelm_lib.reporting.plotting import plot_paired_differences
 
     curves = synthetic_curves(arms=("gpt", "node", "ti_mlp"), seeds=(0, 1, 2, 3))
     curves = curves[~((curves["arm"] == "gpt") & (curves["seed"] == 3))]
@@ -170,7 +170,7 @@ def test_paired_differences_leave_out_seeds_missing_in_the_reference():
 
 
 def test_reference_lines_outside_the_limits_are_left_out():
-    from nodelm_lib.plotting import plot_reference_lines
+    from nodelm_lib.reporting.plotting import plot_reference_lines
 
     fig, ax = plt.subplots()
     ax.set_ylim(1.8, 2.2)
@@ -182,7 +182,7 @@ def test_reference_lines_outside_the_limits_are_left_out():
 
 
 def test_labels_of_nearby_reference_lines_do_not_overlap():
-    from nodelm_lib.plotting import plot_reference_lines
+    from nodelm_lib.reporting.plotting import plot_reference_lines
 
     fig, ax = plt.subplots()
     ax.set_ylim(1.0, 3.0)
@@ -199,7 +199,7 @@ def test_labels_of_nearby_reference_lines_do_not_overlap():
 
 
 def test_zoom_to_late_leaves_out_the_early_loss():
-    from nodelm_lib.plotting import plot_curves, zoom_to_late
+    from nodelm_lib.reporting.plotting import plot_curves, zoom_to_late
 
     curves = synthetic_curves(steps=tuple(range(0, 1001, 50)), noise_sd=0.02)
     fig, ax = plt.subplots()
@@ -222,7 +222,7 @@ def test_zoom_to_late_leaves_out_the_early_loss():
 def test_arm_metric_and_efficiency_draw_references():
     import pandas as pd
 
-    from nodelm_lib.plotting import plot_arm_metric, plot_efficiency
+    from nodelm_lib.reporting.plotting import plot_arm_metric, plot_efficiency
 
     runs = pd.DataFrame({"arm": ["gpt", "gpt", "node", "node"], "seed": [0, 1, 0, 1],
                          "test_loss": [2.00, 2.04, 1.95, 1.99], "params": [1e6, 1e6, 2e5, 2e5]})
@@ -257,7 +257,7 @@ def ablation_runs():
 def test_steps_solver_figure_draws_loss_against_steps_and_nfe_and_time_per_solver(tmp_path):
     import numpy as np
 
-    from nodelm_lib.plotting import save_figure, steps_solver_figure
+    from nodelm_lib.reporting.plotting import save_figure, steps_solver_figure
 
     fig = steps_solver_figure(ablation_runs(), ["euler", "rk4"], title="ablation: x")
     steps_ax, nfe_ax, time_ax = fig.axes
@@ -284,7 +284,7 @@ def test_steps_solver_figure_draws_loss_against_steps_and_nfe_and_time_per_solve
 def test_steps_solver_arms_must_name_solver_and_steps():
     import pytest
 
-    from nodelm_lib.plotting import nfe_per_forward, steps_solver_arm, steps_solver_figure
+    from nodelm_lib.reporting.plotting import nfe_per_forward, steps_solver_arm, steps_solver_figure
 
     assert steps_solver_arm("rk4 16") == ("rk4", 16)
     assert nfe_per_forward("rk4", 16) == 64 and nfe_per_forward("euler", 3) == 3
@@ -300,8 +300,8 @@ def test_ablation_differences_figure_draws_each_paired_difference_with_its_inter
     import numpy as np
     import pandas as pd
 
-    from nodelm_lib import stats
-    from nodelm_lib.plotting import ablation_differences_figure
+    from nodelm_lib.reporting import stats
+    from nodelm_lib.reporting.plotting import ablation_differences_figure
 
     runs = pd.DataFrame({"arm": ["time"] * 3 + ["constant"] * 3, "seed": [0, 1, 2] * 2,
                          "test_loss": [2.0, 2.1, 2.2, 2.1, 2.25, 2.3]})
@@ -327,7 +327,7 @@ def test_depth_curve_figure_has_a_panel_per_solver_and_a_line_per_trained_arm():
     import numpy as np
     import pandas as pd
 
-    from nodelm_lib.plotting import depth_curve_figure, depth_curve_means
+    from nodelm_lib.reporting.plotting import depth_curve_figure, depth_curve_means
 
     rows = [{"arm": arm, "seed": s, "method": method, "n_steps": n, "nfe": n * (4 if method == "rk4" else 1),
              "trained_method": arm.split()[0], "trained_steps": 2,
@@ -360,7 +360,7 @@ def test_depth_curve_figure_has_a_panel_per_solver_and_a_line_per_trained_arm():
 def test_depth_transfer_figure_has_a_panel_per_arch_and_a_star_at_the_trained_depth():
     import pandas as pd
 
-    from nodelm_lib.plotting import depth_transfer_figure
+    from nodelm_lib.reporting.plotting import depth_transfer_figure
 
     rows = [{"arm": arch, "to_steps": m, "variant": v, "n": 3, "mean": 2.0 + 0.1 * i, "ci_low": 1.9 + 0.1 * i,
              "ci_high": 2.1 + 0.1 * i}
@@ -385,7 +385,7 @@ def test_depth_transfer_figure_has_a_panel_per_arch_and_a_star_at_the_trained_de
 def test_decode_speed_figure_draws_a_pair_of_bars_per_arch(tmp_path):
     import pandas as pd
 
-    from nodelm_lib.plotting import decode_speed_figure, save_figure
+    from nodelm_lib.reporting.plotting import decode_speed_figure, save_figure
 
     speed = pd.DataFrame({"arch": ["gpt", "node", "ti_ssm"], "cached_tokens_per_s": [700.0, 500.0, 300.0],
                           "uncached_tokens_per_s": [300.0, 150.0, 90.0]})

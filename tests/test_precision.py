@@ -1,6 +1,5 @@
 """Compiled training, the config hash of the new fields, and where bf16 may run on a CPU."""
 
-import dataclasses
 import glob
 import json
 import shutil
@@ -11,8 +10,8 @@ import torch
 
 import nodelm_lib as nl
 from nodelm_lib.config import from_dict
-from nodelm_lib.train import (ALLOW_EMULATED_BF16_ENV, CHECKPOINT_NAME, RECORD_NAME, check_dtype_supported,
-                              cpu_has_native_bf16)
+from nodelm_lib.training.device import ALLOW_EMULATED_BF16_ENV, check_dtype_supported, cpu_has_native_bf16
+from nodelm_lib.training.record import CHECKPOINT_NAME, RECORD_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 AVX2_FLAGS = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2".split()  # an AVX2 EPYC's, abridged
@@ -60,7 +59,7 @@ def test_compiled_ti_ssm_step_matches_eager():
     """Inductor compiles ti_ssm around the scan operator (its kernels take the operator's outputs
     at the strides of its fake function): loss and every gradient as in eager."""
     from nodelm_lib.config import for_arch
-    from nodelm_lib.models.ssm import COMPILED_SCAN
+    from nodelm_lib.models.scans import COMPILED_SCAN
 
     if COMPILED_SCAN is None:
         pytest.skip("torch.library.custom_op needs torch >= 2.4")
@@ -151,7 +150,7 @@ def test_every_arm_trains_under_bfloat16_autocast_close_to_float32(arm):
     selective scan once failed on CUDA: bf16 inputs into its float32 buffers) and agrees to bf16's
     precision. Autocast on the CPU emulates bf16 where it is not native: slow, same code path."""
     from nodelm_lib.config import for_arch
-    from nodelm_lib.experiment import CONTROLS
+    from nodelm_lib.experiments.sweeps import CONTROLS
 
     base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=3, max_seq_len=32,
                           ssm_state_size=4)
@@ -186,8 +185,9 @@ def test_every_arm_traces_to_one_graph_for_torch_compile(arm):
     sizes took 205 s to compile on a CPU (over 10 minutes on an H100) and its compiled step ran
     2.6x slower than eager."""
     from nodelm_lib.config import for_arch
-    from nodelm_lib.experiment import CONTROLS
-    from nodelm_lib.models.ssm import COMPILED_SCAN, SelectiveSSM
+    from nodelm_lib.experiments.sweeps import CONTROLS
+    from nodelm_lib.models.scans import COMPILED_SCAN
+    from nodelm_lib.models.ssm import SelectiveSSM
 
     base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=3, max_seq_len=32,
                           ssm_state_size=4)
@@ -212,7 +212,7 @@ def test_every_arm_traces_to_one_graph_for_torch_compile(arm):
 def test_a_compiled_model_refuses_a_decode_cache_instead_of_ignoring_it():
     """While compiling, layers do not see a decode cache (``decode_cache.compiling``): a compiled
     forward given one would silently attend to the new positions alone."""
-    from nodelm_lib.decode_cache import DecodeCache
+    from nodelm_lib.nn.decode_cache import DecodeCache
 
     model = nl.build_model(nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=2,
                                           max_seq_len=32)).eval()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodelm_lib import profiles
+from nodelm_lib.experiments import profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,9 +7,8 @@ import re
 import pytest
 import torch
 
-from nodelm_lib import profiling
-from nodelm_lib.profiling import (availability_from_times, cpu_availability, cpu_description, peak_memory_mb,
-                                  saved_tensor_bytes)
+from nodelm_lib.training import profiling
+from nodelm_lib.training.profiling import availability_from_times, cpu_availability, cpu_description, peak_memory_mb, saved_tensor_bytes
 
 
 def hold_all(n):
@@ -55,7 +54,7 @@ def test_peak_memory_is_not_fooled_by_memory_the_allocator_kept():
 FAULTS_PER_STEP = """
 import resource, sys, torch
 import nodelm_lib as nl
-from nodelm_lib.profiling import keep_freed_memory
+from nodelm_lib.training.profiling import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 torch.set_num_threads(1)

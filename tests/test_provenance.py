@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 import nodelm_lib as nl
-from nodelm_lib.records import check_provenance, record_row
+from nodelm_lib.runs.records import check_provenance, record_row
 
 
 def row(arm: str, seed: int, commit: str, capability: str = "AVX2") -> dict:

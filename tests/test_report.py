@@ -6,11 +6,11 @@ import math
 import nbformat
 import pandas as pd
 
-from nodelm_lib.report import NOTE_ID, markdown_table, notebook_page, update_page_tables, write_tables
+from nodelm_lib.reporting.pages import NOTE_ID, markdown_table, notebook_page, update_page_tables, write_tables
 
 
 def test_markdown_table_formats_numbers_and_missing_values():
-    """The docs' tables render like the notebooks' exported ones (stats.markdown_table)."""
+    """The docs' tables render like the notebooks' exported ones (tables.markdown_table)."""
     df = pd.DataFrame({"model": ["a", "b"], "params": [1239040, 12], "loss": [2.118760251, math.nan],
                        "tokens/s": [123456.7, 9999.0]})
     assert markdown_table(df).splitlines() == [

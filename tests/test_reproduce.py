@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from nodelm_lib.cli import main
-from nodelm_lib.reproduce import reproduce
-from nodelm_lib.stats import markdown_table
+from nodelm_lib.reporting.reproduce import reproduce
+from nodelm_lib.reporting.tables import markdown_table
 
 
 def _record(root, profile="cpu"):
@@ -105,7 +105,7 @@ def test_cli_runs_make_with_the_profile(tmp_path):
 def test_the_commit_is_dirty_for_code_changes_not_for_cleared_outputs(tmp_path):
     """A from-scratch reproduce deletes the committed run records first; that must not mark the
     record -dirty, while an edit to the code must."""
-    from nodelm_lib.reproduce import _git_commit
+    from nodelm_lib.reporting.reproduce import _git_commit
 
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,

@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 
 import nodelm_lib as nl
-from nodelm_lib import fast_decode
+from nodelm_lib.generation.sampling import fast_decode
 from nodelm_lib.config import ARCHS, CONTINUOUS_ARCHS
-from nodelm_lib.decode_cache import DecodeCache
-from nodelm_lib.layers import ROPE_BASE, CausalSelfAttention, apply_rope, rope_cos_sin
+from nodelm_lib.nn.decode_cache import DecodeCache
+from nodelm_lib.nn.layers import ROPE_BASE, CausalSelfAttention, apply_rope, rope_cos_sin
 from nodelm_lib.models import param_count_formula
-from nodelm_lib.ode.solve import FIXED_STEP_METHODS
-from nodelm_lib.time_layers import TimeAttention
-from nodelm_lib.train import evaluate_split
+from nodelm_lib.ode.solvers import FIXED_STEP_METHODS
+from nodelm_lib.nn.time_layers import TimeAttention
+from nodelm_lib.training.evaluation import evaluate_split
 
 from test_generate import small, trained_like
 
@@ -358,7 +358,7 @@ def test_match_params_by_width_keeps_rope_heads_even():
 
 def test_a_rope_model_file_round_trips(tmp_path):
     model = rope_model("hybrid")
-    nl.save_checkpoint(model, tmp_path / "m.pt", tokenizer="char")
+    nl.save_model(model, tmp_path / "m.pt", tokenizer="char")
     back = nl.load_model(tmp_path / "m.pt")
     assert back.cfg.position == "rope" and back.wpe is None
     idx = torch.randint(0, 64, (1, 3 * CONTEXT))
@@ -373,7 +373,7 @@ def test_the_cli_generates_with_a_window_past_max_seq_len_for_rope_only(tmp_path
         torch.manual_seed(0)
         model = nl.build_model(nl.ModelConfig(vocab_size=256, d_model=16, n_heads=2, n_layers=2,
                                               max_seq_len=CONTEXT, position=position))
-        nl.save_checkpoint(model, tmp_path / f"{position}.pt", tokenizer="char")
+        nl.save_model(model, tmp_path / f"{position}.pt", tokenizer="char")
     argv = ["generate", "--prompt", "ROMEO:", "--max-new-tokens", "20", "--temperature", "0", "--window", "32"]
     assert main([*argv, "--checkpoint", str(tmp_path / "rope.pt")]) == 0
     assert len(capsys.readouterr().out.rstrip("\n")) >= 6

@@ -10,8 +10,8 @@ import pytest
 import nodelm_lib as nl
 from nodelm_lib.cli import main
 from nodelm_lib.config import apply_overrides
-from nodelm_lib.isolated import train_in_subprocess
-from nodelm_lib.train import CHECKPOINT_NAME
+from nodelm_lib.runs.isolated import train_in_subprocess
+from nodelm_lib.training.record import CHECKPOINT_NAME
 
 TINY = ["--set", "model.d_model=32", "--set", "model.n_layers=2", "--set", "model.max_seq_len=32",
         "--set", "batch_size=4", "--set", "seq_len=32", "--set", "eval_batches=2", "--set", "eval_interval=3",
@@ -54,7 +54,7 @@ def test_the_cli_refuses_to_train_over_a_checkpoint_and_names_both_ways_out(tmp_
     assert "Traceback" not in err and (out / CHECKPOINT_NAME).read_bytes() == before  # untouched
 
     whole = nl.train(dataclasses.replace(tc, out_dir=None, checkpoint_interval=0))
-    with caplog.at_level(logging.INFO, logger="nodelm_lib.train"):
+    with caplog.at_level(logging.INFO, logger="nodelm_lib.training.loop"):
         assert main(cli_train(out, 6, "--resume", "--record", str(tmp_path / "b.json"))) == 0
     assert "resumed from step 3 of 6" in caplog.text
     resumed = nl.RunRecord.from_json(tmp_path / "b.json")
@@ -62,7 +62,7 @@ def test_the_cli_refuses_to_train_over_a_checkpoint_and_names_both_ways_out(tmp_
     assert resumed.metrics == whole.metrics and resumed.final == whole.final  # continued, not restarted
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="nodelm_lib.train"):
+    with caplog.at_level(logging.INFO, logger="nodelm_lib.training.loop"):
         assert main(cli_train(out, 6, "--overwrite", "--record", str(tmp_path / "c.json"))) == 0
     assert "resumed" not in caplog.text and "starts at step 0 and replaces it" in caplog.text
     assert nl.RunRecord.from_json(tmp_path / "c.json").final == whole.final  # from step 0: the same numbers

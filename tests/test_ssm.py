@@ -5,8 +5,8 @@ parameter trained."""
 import pytest
 import torch
 
-from nodelm_lib.models.ssm import (COMPILED_SCAN, SelectiveSSM, linear_recurrence, linear_recurrence_reference,
-                                   selective_scan, selective_scan_reference)
+from nodelm_lib.models.scans import COMPILED_SCAN, linear_recurrence, linear_recurrence_reference, selective_scan, selective_scan_reference
+from nodelm_lib.models.ssm import SelectiveSSM
 
 
 def random_recurrence(shape, dtype=torch.float64, seed=0):

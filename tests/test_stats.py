@@ -1,4 +1,4 @@
-"""nodelm_lib.stats against scipy's own tests and hand-computed values (fast, no training)."""
+"""nodelm_lib.reporting.stats against scipy's own tests and hand-computed values (fast, no training)."""
 
 import itertools
 import math
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import scipy.stats as ss
 
-from nodelm_lib import stats as st
+from nodelm_lib.reporting import stats as st
 
 
 # --------------------------------------------------------------------------- mean_ci

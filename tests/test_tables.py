@@ -1,24 +1,9 @@
-"""nodelm_lib.tables: display strings and CSV / Markdown / LaTeX files of the statistics tables."""
+"""nodelm_lib.reporting.tables: display strings and CSV / Markdown / LaTeX files of the statistics tables."""
 
 import numpy as np
 import pandas as pd
 
-from nodelm_lib import stats as st
-from nodelm_lib import tables as tb
-
-
-def test_moved_names_stay_importable_from_stats():
-    """Formatting and export moved from stats.py to tables.py; code written against
-    ``stats.export_table`` (notebook 02, scripts) must get the same functions."""
-    from nodelm_lib.stats import markdown_table
-
-    assert markdown_table is tb.markdown_table
-    for name in st.MOVED_TO_TABLES:
-        assert getattr(st, name) is getattr(tb, name), name
-    assert not hasattr(st, "no_such_table_function")
-
-
-# --------------------------------------------------------------------------- format
+from nodelm_lib.reporting import tables as tb
 
 
 def test_format_mean_ci_and_table():

@@ -7,7 +7,7 @@ import torch
 
 import nodelm_lib as nl
 from nodelm_lib.models.common import ODEBlock
-from nodelm_lib.time_layers import HyperLinear, ModulatedLinear
+from nodelm_lib.nn.time_layers import HyperLinear, ModulatedLinear
 
 
 def model(arch: str, method: str, dtype=torch.float64):

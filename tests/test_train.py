@@ -11,7 +11,8 @@ import torch
 
 import nodelm_lib as nl
 from nodelm_lib.config import ARCHS
-from nodelm_lib.train import CHECKPOINT_NAME, RECORD_NAME, lr_at
+from nodelm_lib.training.record import CHECKPOINT_NAME, RECORD_NAME
+from nodelm_lib.training.optim import lr_at
 
 UNIGRAM_ENTROPY_NATS = 3.31  # tiny-shakespeare characters
 
@@ -133,7 +134,7 @@ def test_learning_rate_schedule():
 
 
 def test_weight_decay_only_on_matrices():
-    from nodelm_lib.train import make_optimizer
+    from nodelm_lib.training.optim import make_optimizer
 
     model = nl.build_model(nl.ModelConfig(arch="hybrid", vocab_size=64, d_model=32))
     decayed, plain = make_optimizer(model, nl.TrainConfig(weight_decay=0.1)).param_groups
@@ -199,7 +200,7 @@ def test_bfloat16_autocast_run_is_finite_and_close_to_float32(monkeypatch):
 def test_clip_gradients_is_clip_grad_norm_and_skips_a_factor_of_one(monkeypatch, scale, clips):
     """``clip_gradients`` from per-tensor norms gives ``clip_grad_norm_``'s numbers bit for bit;
     where the factor is exactly 1 (the norm under the bound) it does not touch the gradients."""
-    from nodelm_lib.train import clip_gradients
+    from nodelm_lib.training.optim import clip_gradients
 
     g = torch.Generator().manual_seed(0)
     grads = [scale * torch.randn(*shape, generator=g) for shape in [(7, 5), (11,), (3, 4, 2)]]
@@ -219,7 +220,7 @@ def test_clip_gradients_is_clip_grad_norm_and_skips_a_factor_of_one(monkeypatch,
 def test_training_frees_the_head_losss_kept_buffer_when_it_ends(monkeypatch):
     """The bf16 head loss keeps its gradient logits between steps (206 MB at the GPT-2
     vocabulary); a finished run hands them back."""
-    from nodelm_lib import losses
+    from nodelm_lib.nn import losses
 
     monkeypatch.setitem(losses._KEPT_GRADIENT_LOGITS, (torch.bfloat16, torch.device("cpu")), torch.empty(10))
     nl.train(tiny_run(max_steps=2, eval_interval=2))

@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..plotting import smooth, use_style
-from ..config import TrainConfig
-from ..train import RunRecord
+from nodelm_lib.reporting.plotting import smooth, use_style
+from nodelm_lib.config import TrainConfig
+from nodelm_lib.training.record import RunRecord
 
 ODE_GROUP = "grad_norm/ode_block"
 

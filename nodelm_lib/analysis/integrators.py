@@ -24,12 +24,12 @@ from matplotlib.ticker import NullLocator
 import pandas as pd
 import torch
 
-from ..config import ModelConfig
-from ..models.common import ODEBlock
-from ..models.hybrid import HybridField
-from ..ode import ADAPTIVE_METHODS, SolverCounters, odeint
-from ..plotting import use_style
-from ..profiling import peak_memory_mb
+from nodelm_lib.config import ModelConfig
+from nodelm_lib.models.common import ODEBlock
+from nodelm_lib.models.hybrid import HybridField
+from nodelm_lib.ode import ADAPTIVE_METHODS, SolverCounters, odeint
+from nodelm_lib.reporting.plotting import use_style
+from nodelm_lib.training.profiling import peak_memory_mb
 
 
 @dataclass

@@ -49,9 +49,9 @@ import pandas as pd
 import torch
 from torch.func import jvp, vmap
 
-from ..models.common import continuous_block
-from ..ode import TABLEAUS, Solver, rk_step
-from ..plotting import use_style
+from nodelm_lib.models.common import continuous_block
+from nodelm_lib.ode import TABLEAUS, Solver, rk_step
+from nodelm_lib.reporting.plotting import use_style
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

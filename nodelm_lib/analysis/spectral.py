@@ -66,11 +66,11 @@ import pandas as pd
 import torch
 from torch.func import jvp, vjp
 
-from .. import stats
-from ..models.common import continuous_block
-from ..time_layers import time_code
-from ..ode import FIXED_STEP_METHODS
-from ..plotting import use_style
+from nodelm_lib.reporting import stats
+from nodelm_lib.models.common import continuous_block
+from nodelm_lib.nn.time_layers import time_code
+from nodelm_lib.ode import FIXED_STEP_METHODS
+from nodelm_lib.reporting.plotting import use_style
 from .lyapunov import _math_attention, analysis_model, jacobian_rows
 
 KINDS = ("qk", "ov", "ff")
@@ -617,7 +617,7 @@ def jacobian_spectra(model, idx: torch.Tensor, mode: str = "blocks", n_krylov: i
         raise ValueError(f"mode={mode!r} is not valid; choose 'blocks', 'full' or 'arnoldi'")
     continuous_block(model, "jacobian_spectra")
     if mode == "arnoldi" and model.cfg.arch == "ti_ssm":
-        # models/ssm.py's scan is an autograd.Function without setup_context: torch.func.jvp refuses it
+        # models/scans.py's scan is an autograd.Function without setup_context: torch.func.jvp refuses it
         raise ValueError("mode='arnoldi' needs forward-mode AD (torch.func.jvp), which ti_ssm's selective scan "
                          "(a custom autograd.Function without setup_context) does not support; use 'blocks' or 'full'")
     m = analysis_model(model, dtype)

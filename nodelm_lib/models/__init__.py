@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from ..config import ARCHS, CONTINUOUS_ARCHS, ModelConfig
+from nodelm_lib.config import ARCHS, CONTINUOUS_ARCHS, ModelConfig
 from .common import CausalLM, ContinuousDepthLM, ODEBlock, continuous_block
 from .gpt import GPT
 from .hybrid import HybridODETransformer

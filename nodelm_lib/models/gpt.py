@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..config import ModelConfig
-from ..layers import Block
+from nodelm_lib.config import ModelConfig
+from nodelm_lib.nn.layers import Block
 from .common import CausalLM
 
 

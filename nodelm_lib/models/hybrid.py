@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..config import ModelConfig
-from ..layers import MLP, Block, CausalSelfAttention
-from ..time_layers import TimeEmbedding
+from nodelm_lib.config import ModelConfig
+from nodelm_lib.nn.layers import MLP, Block, CausalSelfAttention
+from nodelm_lib.nn.time_layers import TimeEmbedding
 from .common import CausalLM, ODEBlock
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..config import ModelConfig
-from ..time_layers import ModulatedLinear, TimeAttention, TimeMLP, TimeModulation
+from nodelm_lib.config import ModelConfig
+from nodelm_lib.nn.time_layers import ModulatedLinear, TimeAttention, TimeMLP, TimeModulation
 from .common import ContinuousDepthLM
 from .ssm import SelectiveSSM
 

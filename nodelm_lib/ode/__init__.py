@@ -11,7 +11,8 @@ from .adjoint import Backsolve, Interpolating, Quadrature
 from .counters import SolverCounters, SolveStats
 from .gradients import Checkpoint, Direct, GradientMethod, Reversible
 from .runge_kutta import rk_stages, rk_step
-from .solve import GRADIENT_METHODS, SENSITIVITIES, find_params, gradient_method, odeint
+from .gradients import find_params
+from .solve import GRADIENT_METHODS, SENSITIVITIES, gradient_method, odeint
 from .solvers import ADAPTIVE_METHODS, FIXED_STEP_METHODS, METHODS, Solver
 from .tableaus import TABLEAUS, ButcherTableau
 

@@ -22,9 +22,9 @@ import torch
 
 from .adjoint import Backsolve, Interpolating, Quadrature
 from .counters import SolverCounters
-from .gradients import Checkpoint, Direct, GradientMethod, Reversible, find_params  # noqa: F401
+from .gradients import Checkpoint, Direct, GradientMethod, Reversible
 from .grid import check_times
-from .solvers import ADAPTIVE_METHODS, FIXED_STEP_METHODS, METHODS, Solver  # noqa: F401  (their old home)
+from .solvers import Solver
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -1,0 +1,139 @@
+"""A notebook's profiles by name: ``params/<notebook>/<profile>.yaml``, from a checkout or a wheel.
+
+    values = nl.profiles.load_profile("02_seed_comparison", "colab")
+    nl.profiles.apply_profile(globals(), "02_seed_comparison", "colab")  # in a notebook
+
+The files live in ``params/`` at the repository root (papermill reads them there: ``make 02
+PROFILE=cpu``). The package reaches them through the link ``nodelm_lib/params -> ../params``,
+which also ships them in the wheel (``pyproject.toml``'s package data), so that a notebook on
+Colab, with nodelm installed from a wheel and no checkout, loads a profile by name instead of
+having its ~35 values typed into the parameters cell. ``smoke`` is no file: it is each notebook's
+parameters cell itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from pathlib import Path
+from typing import Any, MutableMapping
+
+import yaml
+
+SMOKE = "smoke"
+
+
+def params_dir() -> Path:
+    """Where the profiles are: the package's ``params`` (the link in a checkout, the copy in a
+    wheel), else the checkout's own ``params/`` (a checkout whose file system kept no link)."""
+    shipped = Path(__file__).resolve().parent / "params"
+    if shipped.is_dir():
+        return shipped
+    from nodelm_lib.workspace import repository_root
+
+    root = repository_root()
+    if root is not None and (root / "params").is_dir():
+        return root / "params"
+    raise FileNotFoundError(f"no profiles: neither {shipped} nor a checkout's params/ exists; reinstall nodelm "
+                            "from a wheel built by `make wheel` (it ships them)")
+
+
+def notebooks() -> list[str]:
+    """The notebooks that have profiles (their file stems)."""
+    return sorted(p.name for p in params_dir().iterdir() if p.is_dir())
+
+
+def profiles(notebook: str) -> list[str]:
+    """The profile names of ``notebook`` (``smoke`` is its parameters cell, no file)."""
+    folder = params_dir() / notebook
+    if not folder.is_dir():
+        raise ValueError(f"no profiles for notebook {notebook!r}; notebooks with profiles: {', '.join(notebooks())}")
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def load_profile(notebook: str, profile: str) -> dict[str, Any]:
+    """The parameter values of ``notebook``'s profile ``profile``; a ValueError naming the
+    valid profiles for an unknown one, and for a file that sets a key twice (plain YAML would
+    keep the last value silently)."""
+    names = profiles(notebook)
+    if profile not in names:
+        raise ValueError(f"notebook {notebook!r} has no profile {profile!r}; choose one of {', '.join(map(repr, names))} "
+                         f"(or {SMOKE!r}: the parameters cell's own values)")
+    path = params_dir() / notebook / f"{profile}.yaml"
+    with open(path) as f:  # the file, not its text: an error then names it
+        values = yaml.load(f, Loader=_UniqueKeys)
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a mapping of parameter names to values")
+    return values
+
+
+def apply_profile(namespace: MutableMapping[str, Any], notebook: str, profile: str | None = None) -> dict[str, Any]:
+    """Set ``notebook``'s parameters in ``namespace`` (a notebook's ``globals()``) to the values
+    of ``profile`` (default: ``namespace["profile"]``) and return them; ``smoke`` sets nothing.
+    A profile key that is not already a parameter in ``namespace`` is refused: a misspelt one
+    would otherwise be a new variable that nothing reads."""
+    profile = namespace.get("profile", SMOKE) if profile is None else profile
+    if profile == SMOKE:
+        return {}
+    values = load_profile(notebook, profile)
+    unknown = sorted(set(values) - set(namespace))
+    if unknown:
+        raise ValueError(f"profile {profile!r} of {notebook!r} sets {unknown}, which are not parameters of the notebook")
+    namespace.update(values)
+    return values
+
+
+# papermill's translator writes the injected cell as this comment line, then one assignment per value
+INJECTED_HEADER = "# Parameters"
+
+
+def check_injected(history: list[str]) -> None:
+    """Refuse a papermill value for a name that no earlier cell defines: ``papermill -p lr_seed 1``
+    (for ``lr_seeds``) or a misspelt key in a ``-f`` file would otherwise define a new variable
+    that nothing reads, and the notebook would run its defaults silently.
+
+    ``history`` is IPython's input history, the notebook's ``In``: the cell papermill injected
+    (its first line is ``# Parameters``, alone) and the cells before it, the parameters cell
+    among them. Call it in the cell after the parameters: ``nl.profiles.check_injected(In)``.
+    Without an injected cell (a notebook run by hand) there is nothing to check."""
+    cells = [c for c in history if isinstance(c, str)]
+    injected = [i for i, c in enumerate(cells) if c.splitlines()[:1] == [INJECTED_HEADER]]
+    if not injected:
+        return
+    last = injected[-1]
+    declared = set().union(*(_assigned(c) for c in cells[:last] if not c.startswith(INJECTED_HEADER + "\n")))
+    unknown = sorted(_assigned(cells[last]) - declared)
+    if unknown:
+        hints = {name: difflib.get_close_matches(name, sorted(declared), n=1) for name in unknown}
+        said = "; ".join(f"{n!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for n, h in hints.items())
+        raise ValueError(f"papermill set {said}, which this notebook's parameters cell does not define; its "
+                         f"parameters: {', '.join(sorted(n for n in declared if not n.startswith('_')))}")
+
+
+def _assigned(source: str) -> set[str]:
+    """The names a cell's source assigns at its top level (``x = ...``, ``x: int = ...``)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython magics: such a cell defines no parameter
+        return set()
+    names = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for target in targets:
+            names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """A YAML loader that refuses a mapping setting one key twice."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"{node.start_mark.name}: sets {twice} twice")
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)

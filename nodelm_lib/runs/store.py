@@ -1,0 +1,166 @@
+"""The run store: one JSON record per run, named by its config hash, and ``nl.run(tc)``.
+
+A store is a folder of run records (``results/runs/<profile>/<hash>.json``). The hash covers every
+field that changes the numbers a run produces (seed included), so
+
+- a run whose completed record exists is read back, never rerun;
+- an interrupted run (killed process, Ctrl-C, a crash) resumes from its last checkpoint under
+  ``checkpoints/runs/<hash>/`` to the same numbers an uninterrupted run gives;
+- records are written atomically (temp file + rename): a kill never leaves half a record.
+
+A run that stops with a non-finite loss is a result too (status ``"failed"``) and is stored.
+
+Several workers may share one store (two notebooks, a sweep on a cluster: ``launch.py``): a
+worker claims a hash with an atomic lock file before training it (``claims.py``), so no run is
+trained by two workers at once; one that finds a run claimed waits for its record. With
+``isolate=True`` a run trains in a fresh Python process (``isolated.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+from . import claims
+from nodelm_lib.config import TrainConfig
+from nodelm_lib.training.distributed import launch_context
+from nodelm_lib.files import atomic_write_text
+from nodelm_lib.training.integrity import read_evaluations_file, verify_record
+from .isolated import train_in_subprocess
+from .records import recount_flops
+from nodelm_lib.training.record import CHECKPOINT_NAME, RunRecord
+from nodelm_lib.training.loop import train
+from nodelm_lib.training.evaluation import with_tokenizer_vocab
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STORE = "results/runs"
+DEFAULT_CHECKPOINTS = "checkpoints/runs"
+
+
+def record_path(store: str | Path, config_hash: str) -> Path:
+    return Path(store) / f"{config_hash}.json"
+
+
+def stored_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE) -> RunRecord | None:
+    """The finished (completed or failed) record of ``tc`` in ``store``, or None."""
+    path = record_path(store, with_tokenizer_vocab(tc).config_hash())
+    if not path.exists():
+        return None
+    record = read_record(path)
+    return record if record.status in ("completed", "failed") else None
+
+
+def checkpoint_path(config_hash: str, checkpoints: str | Path = DEFAULT_CHECKPOINTS) -> Path:
+    """Where ``run`` keeps the checkpoint (and, at the end, the final model) of a run."""
+    return Path(checkpoints) / config_hash / CHECKPOINT_NAME
+
+
+def finished_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+                    need_checkpoint: bool = False) -> RunRecord | None:
+    """``stored_record``, or None where ``need_checkpoint`` asks for a final model that is not on disk."""
+    done = stored_record(tc, store)
+    if done is None or (need_checkpoint and not checkpoint_path(done.config_hash, checkpoints).exists()):
+        return None
+    return done
+
+
+def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+        isolate: bool = False, need_checkpoint: bool = False, threads: int | None = None) -> RunRecord:
+    """Train ``tc`` once, or read its record back from ``store`` if it was trained before.
+
+    The run checkpoints every ``tc.checkpoint_interval`` steps (default: every evaluation)
+    under ``checkpoints/<hash>/`` and resumes from there when restarted; its final model stays
+    there (``record.checkpoint``, loadable with ``nl.load_model``). ``isolate=True`` trains in
+    a fresh process (``isolated.py``), with ``threads`` torch threads if given.
+    ``need_checkpoint=True`` retrains a stored run whose final model is not on disk (records are committed, checkpoints are not); training is
+    deterministic, so the record it writes again holds the same numbers. Returns the stored
+    record; an in-process run also carries the trained model as ``record.model``. While another
+    worker holds the run's claim (``claims.py``), this waits for it and reads its record.
+    """
+    tc = with_tokenizer_vocab(tc)
+    done = finished_record(tc, store, checkpoints, need_checkpoint)
+    if done is not None:
+        return done
+    with claims.wait_for_claim(store, tc.config_hash()):
+        done = finished_record(tc, store, checkpoints, need_checkpoint)  # the worker waited for may have stored it
+        if done is not None:
+            return done
+        return train_into_store(tc, store, checkpoints, isolate, threads)
+
+
+def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+                     isolate: bool = False, threads: int | None = None) -> RunRecord:
+    """Train ``tc`` (resuming its checkpoint) and write its finished record to ``store``; the
+    caller holds the run's claim. ``run`` without the look-up and the claim."""
+    tc = with_tokenizer_vocab(tc)
+    config_hash = tc.config_hash()
+    out_dir = Path(checkpoints) / config_hash
+    tc = dataclasses.replace(tc, out_dir=str(out_dir), resume=True,
+                             checkpoint_interval=tc.checkpoint_interval or tc.eval_interval)
+    if isolate:
+        record = train_in_subprocess(tc, out_dir, threads)
+    else:
+        try:
+            record = train(tc)
+        except Exception as err:
+            record = getattr(err, "record", None)
+            if record is None or record.status != "failed":
+                raise  # a bug or an interruption: nothing to store, the checkpoint resumes it
+    if record.status in ("completed", "failed") and launch_context().is_main:  # rank 0 of a data-parallel run
+        record.to_json(record_path(store, config_hash))
+    return record
+
+
+def evaluations_path(store: str | Path, config_hash: str) -> Path:
+    """Where evaluations of a run's final model made after its training (``write_evaluations``)
+    are kept: beside the records, one file per run, outside ``load_records``' glob."""
+    return Path(store) / "evaluations" / f"{config_hash}.json"
+
+
+def read_evaluations(record: RunRecord, store: str | Path = DEFAULT_STORE) -> dict[str, dict]:
+    """The stored evaluations of ``record``'s final model, ``{key: values}`` as written by
+    ``write_evaluations``; empty where there are none, or where they belong to another training
+    of the run: one whose final validation loss was not this record's (a run retrained on
+    another CPU ends a little elsewhere, and its weights must be evaluated again)."""
+    path = evaluations_path(store, record.config_hash)
+    if not path.exists():
+        return {}
+    data = read_evaluations_file(path)
+    if data.get("final_val_loss") != record.final.get("val_loss"):
+        log.warning("%s: evaluations of another training of this run (final val loss %s, the record's %s); "
+                    "ignored", path, data.get("final_val_loss"), record.final.get("val_loss"))
+        return {}
+    return data["evaluations"]
+
+
+def write_evaluations(record: RunRecord, evaluations: dict[str, dict], store: str | Path = DEFAULT_STORE) -> Path:
+    """Keep ``evaluations`` (``{key: values}``, JSON) of ``record``'s final model beside its
+    record, so that a table computed from the weights reads them back where the weights are
+    not on disk (checkpoints are not committed; records and these are). Replaces the file
+    atomically; tagged with the record's final validation loss (``read_evaluations``)."""
+    payload = {"config_hash": record.config_hash, "final_val_loss": record.final.get("val_loss"),
+               "evaluations": dict(sorted(evaluations.items()))}
+    return atomic_write_text(evaluations_path(store, record.config_hash), json.dumps(payload, indent=1) + "\n")
+
+
+def load_records(store: str | Path = DEFAULT_STORE) -> list[RunRecord]:
+    """Every record in ``store``, sorted by file name."""
+    return [read_record(p) for p in sorted(Path(store).glob("*.json"))]
+
+
+def read_record(path: str | Path) -> RunRecord:
+    """The record at ``path``, verified (``integrity.verify_record``: a file named like a hash
+    holds that hash's record, which is the hash of its config; a ``RecordError`` names the file,
+    what disagrees and what to do). A finished record whose FLOPs were counted at another batch than
+    its training's (written before the count took the batch: ``records.recount_flops``) is
+    counted again and written back, once, so every table of a store compares the same count."""
+    record = RunRecord.from_json(path)
+    verify_record(record, path)
+    if record.status in ("completed", "failed") and recount_flops(record):
+        record.to_json(path)
+        log.info("%s: FLOPs per token counted again at the training batch (%d sequences)", path,
+                 record.flops_batch_size)
+    return record
