@@ -69,7 +69,7 @@ space := $(empty) $(empty)
 comma := ,
 nb_alias = $(subst $(space),_,$(wordlist 2,99,$(subst _, ,$(1))))
 
-.PHONY: help setup test unit nbval reproduce tables bench docs docs-notebooks lab wheel clean distclean $(NOTEBOOKS)
+.PHONY: help setup test lint unit nbval reproduce tables bench docs docs-notebooks lab wheel clean distclean $(NOTEBOOKS)
 
 help:
 	@echo "nodelm make targets (PROFILE=$(PROFILE), VENV=$(VENV)):"
@@ -77,6 +77,7 @@ help:
 	@echo "  test        unit tests (pytest tests/) then nbval over notebooks/"
 	@echo "  bench       the benchmark record (results/bench_cpu.*), then the docs' tables"
 	@echo "  unit        unit tests only;  nbval: notebook tests only"
+	@echo "  lint        the import layering contract (lint-imports, pyproject.toml)"
 	@echo "  reproduce   run every notebook with params/<nb>/\$$PROFILE.yaml, then tables"
 	@echo "  tables      rewrite the docs pages' tables from results/ (python -m nodelm_lib tables)"
 	@echo "  docs        install the [docs] extra if needed; mkdocs build --strict into site/"
@@ -116,7 +117,12 @@ $(STAMP): pyproject.toml
 
 # ---------------------------------------------------------------- tests
 
-# Canned recipes, shared by `test` (both, in order) and `unit` / `nbval` (one each).
+# Canned recipes, shared by `test` (all, in order) and `lint` / `unit` / `nbval` (one each).
+# lint-imports finds the package through the editable install
+define run_lint
+cd "$(ROOT)" && $(VENV)/bin/lint-imports --no-cache
+endef
+
 define run_unit
 $(VPY) -m pytest $(PYTEST_FLAGS)
 endef
@@ -135,8 +141,12 @@ fi
 endef
 
 test: setup
+	$(run_lint)
 	$(run_unit)
 	$(run_nbval)
+
+lint: setup
+	$(run_lint)
 
 unit: setup
 	$(run_unit)

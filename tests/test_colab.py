@@ -48,7 +48,7 @@ def test_install_cell_without_a_source_stops_with_what_to_set(notebook, on_colab
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_install_cell_installs_the_given_source(notebook, on_colab, monkeypatch, tmp_path):
-    wheel = tmp_path / "nodelm-0.1.0-py3-none-any.whl"
+    wheel = tmp_path / "nodelm-0.2.0-py3-none-any.whl"
     source = install_cell(notebook).replace('NODELM_SOURCE = ""', f'NODELM_SOURCE = {str(wheel)!r}', 1)
     exec(source, {})
     monkeypatch.setenv("NODELM_SOURCE", str(ROOT))  # a directory, given through the environment
