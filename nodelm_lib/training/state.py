@@ -12,7 +12,7 @@ from . import distributed
 from nodelm_lib.config import TrainConfig, to_dict
 from .distributed import SINGLE, Context
 from nodelm_lib.files import atomic_write
-from .model_files import load_torch_file, read_checkpoint
+from .model_files import load_torch_file, model_state, read_checkpoint
 from nodelm_lib.models import CausalLM
 from .record import CHECKPOINT_NAME, RunRecord
 
@@ -23,21 +23,20 @@ def save_training_state(path: Path, model, optimizer, step: int, batch_gen: torc
     the model's config, the tokenizer and the dataset next to the weights). ``rank_rng``: every
     rank's random state in a data-parallel run (``distributed.gather_rng_states``)."""
     config = record.config
-    state = {
-        "step": step,
-        "model": model.state_dict(),
-        "model_config": config["model"] | {"vocab_size": model.cfg.vocab_size},
-        "tokenizer": config["tokenizer"],
-        "dataset": config["dataset"],
-        "optimizer": optimizer.state_dict(),
-        "batch_generator": batch_gen.get_state(),
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "config_hash": record.config_hash,
-        "metrics": record.metrics,
-        "evals": record.evals,
-        "train_time_s": record.train_time_s,
-    }
+    state = model_state(  # the model file's layout, with what a resume needs beside it
+        model,
+        step=step,
+        tokenizer=config["tokenizer"],
+        dataset=config["dataset"],
+        optimizer=optimizer.state_dict(),
+        batch_generator=batch_gen.get_state(),
+        torch_rng=torch.get_rng_state(),
+        cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        config_hash=record.config_hash,
+        metrics=record.metrics,
+        evals=record.evals,
+        train_time_s=record.train_time_s,
+    )
     if rank_rng is not None:
         state["rank_rng"] = rank_rng
     atomic_write(path, lambda f: torch.save(state, f))
