@@ -59,10 +59,10 @@ def clip_gradients(grads: list[torch.Tensor], norms: list[torch.Tensor], max_nor
     r"""``torch.nn.utils.clip_grad_norm_`` from per-tensor norms already computed: every gradient
     scaled by :math:`\min(1, c / (\lVert(\lVert g_i\rVert)_i\rVert + 10^{-6}))`, by the same
     operations, so to the same numbers, with one pass over the gradients instead of two
-    (``grad_norms`` has read them once; node's 13M hypernetwork parameters make that pass
-    ~3 ms of a step at 02's cpu config). On a CPU, where reading the factor costs no device
-    synchronisation, a factor of exactly 1 (no clipping, most steps of a run) skips the pass:
-    multiplying by 1 changes no number, and the pass is ~1.5 ms of node's step there."""
+    (``grad_norms`` has read them once; with Tong et al.'s hypernetwork a pass over node's
+    parameters is a visible share of its step). On a CPU, where reading the factor costs no
+    device synchronisation, a factor of exactly 1 (no clipping, most steps of a run) skips the
+    pass: multiplying by 1 changes no number."""
     total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
     factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     if factor.device.type == "cpu" and factor.item() == 1.0:
