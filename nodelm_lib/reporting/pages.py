@@ -117,8 +117,8 @@ def _machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m nodelm_lib.report notebook SOURCE DEST --profile cpu [--commit C] [--pending]``."""
-    parser = argparse.ArgumentParser(prog="python -m nodelm_lib.report")
+    """``python -m nodelm_lib.reporting.pages notebook SOURCE DEST --profile cpu [--commit C] [--pending]``."""
+    parser = argparse.ArgumentParser(prog="python -m nodelm_lib.reporting.pages")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("notebook", help="a notebook as a docs page, its first cell naming its outputs' profile")
     p.add_argument("source", help="papermill's executed copy (or, with --pending, the committed notebook)")

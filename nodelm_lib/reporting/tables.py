@@ -1,6 +1,6 @@
 """Tables of a results section: display strings and ``.csv`` / ``.md`` / ``.tex`` files.
 
-The numbers come from :mod:`nodelm_lib.stats`; this module only turns them into text, so
+The numbers come from :mod:`nodelm_lib.reporting.stats`; this module only turns them into text, so
 that a change of presentation (digits, separators, escaping) never touches a statistic.
 
 * :func:`format_mean_ci`, :func:`format_table` -- ``"mean ± ci"`` display strings.

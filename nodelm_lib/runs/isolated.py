@@ -2,7 +2,7 @@
 
 The process's peak memory (resident set size on CPU) and speed are then its own, not inflated by
 earlier runs in the same process, and a crash takes down only that run. The child is
-``python -m nodelm_lib.isolated CONFIG.json``; it stops when the process that started it dies.
+``python -m nodelm_lib.runs.isolated CONFIG.json``; it stops when the process that started it dies.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def train_in_subprocess(tc: TrainConfig, out_dir: Path, threads: int | None = No
         log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}: run {tc.config_hash()} ({tc.model.arch}, seed "
                        f"{tc.seed}), {tc.max_steps} steps\n")
         log_file.flush()
-        child = subprocess.Popen([sys.executable, "-m", "nodelm_lib.isolated", str(config_file)],
+        child = subprocess.Popen([sys.executable, "-m", "nodelm_lib.runs.isolated", str(config_file)],
                                  stdout=log_file, stderr=subprocess.STDOUT, env=env)
         try:
             code = child.wait()
@@ -85,7 +85,7 @@ def stop_when_parent_dies(parent_pid: int, poll_s: float = 1.0) -> threading.Thr
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m nodelm_lib.isolated CONFIG.json``: one training run (``run(isolate=True)``'s child)."""
+    """``python -m nodelm_lib.runs.isolated CONFIG.json``: one training run (``run(isolate=True)``'s child)."""
     (config_file,) = argv if argv is not None else sys.argv[1:]
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # into train.log: "resumed from step N"
     if os.environ.get(PARENT_ENV):
