@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import io
 import json
 import math
@@ -27,6 +26,7 @@ import torch
 
 import nodelm_lib as nl
 from nodelm_lib.runs import store as run_store
+from nodelm_lib.training import evaluation
 
 NAN, INF = math.nan, math.inf
 
@@ -354,7 +354,7 @@ CASES = {
     "sample_batch too short": (lambda: nl.data.sample_batch(torch.arange(5), 4, 8, torch.Generator()), r"split has 5 tokens, fewer than seq_len \+ 1 = 9"),
     "get_tokenizer('bpe')": (lambda: nl.data.get_tokenizer("bpe"), r"unknown tokenizer 'bpe'; valid choices: char, gpt2"),
     "load_tokens corpus='ptb'": (lambda: nl.data.load_tokens("ptb", "test"), r"unknown corpus 'ptb'; valid choices: wikitext2"),
-    "evaluate_split seq_len > max": (lambda: _train_module().evaluate_split(model(), np.arange(100), 32), r"seq_len=32 exceeds the model's max_seq_len=16"),
+    "evaluate_split seq_len > max": (lambda: evaluation.evaluate_split(model(), np.arange(100), 32), r"seq_len=32 exceeds the model's max_seq_len=16"),
     # stored files
     "record with an edited lr": (lambda: edited_record(lambda r: r["config"].update(lr=0.5)), r"its stored config hashes to [0-9a-f]{16}, but the record says config_hash"),
     "record cut short": (lambda: run_store.load_records(cut_short("runs/" + _record_name()).parent), r"is not readable JSON .*store quarantine"),
@@ -388,10 +388,6 @@ CASES = {
     # a run that learned nothing
     "train lr=10 (loss above uniform)": (trained_at_lr_10, r"final validation loss [0-9.]+ is above a uniform guess over the 256 tokens \(ln 256 = 5.5452\)"),
 }
-
-
-def _train_module():
-    return importlib.import_module("nodelm_lib.training.loop")  # nl.train is the function
 
 
 def _record_name() -> str:

@@ -327,20 +327,20 @@ def test_batches_from_a_memmap_equal_those_from_a_tensor(standin, tmp_path):
 def test_a_runs_numbers_do_not_depend_on_how_its_tokens_are_held(shared_dir, tmp_path, monkeypatch):
     """nl.train draws from load_tokens' array now; holding the split as an int64 tensor, as it
     did before, gives the same losses, step by step and at the end."""
-    import importlib
-
     import nodelm_lib as nl
 
-    train_module = importlib.import_module("nodelm_lib.training.loop")  # the module; nl.train is the function
+    from nodelm_lib.training import evaluation, loop
+
     monkeypatch.setenv("NODELM_CACHE_DIR", str(tmp_path))
     model = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=16, n_heads=2, n_layers=1, max_seq_len=16)
     tc = nl.TrainConfig(model=model, dataset="tinyshakespeare", batch_size=4, seq_len=16, max_steps=4,
                         warmup_steps=1, eval_interval=2, eval_batches=2, eval_on="whole_split_at_end",
                         device="cpu", progress=False, data_dir=str(shared_dir))
     now = nl.train(tc)
-    held = train_module.split_tokens
-    monkeypatch.setattr(train_module, "split_tokens",
-                        lambda tc, split: torch.from_numpy(held(tc, split).astype(np.int64)))
+    held = evaluation.split_tokens
+    as_tensor = lambda tc, split: torch.from_numpy(held(tc, split).astype(np.int64))  # noqa: E731
+    monkeypatch.setattr(loop, "split_tokens", as_tensor)  # the training split
+    monkeypatch.setattr(evaluation, "split_tokens", as_tensor)  # the evaluation batches
     before = nl.train(tc)
     assert [m["loss"] for m in now.metrics] == [m["loss"] for m in before.metrics]
     assert [e["val_loss"] for e in now.evals] == [e["val_loss"] for e in before.evals]

@@ -40,7 +40,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import nodelm_lib as nl
     from nodelm_lib import cli
 
-    train_module = importlib.import_module("nodelm_lib.training.loop")  # nl.train is the function
+    from nodelm_lib.training import record, state
 
     out, config, cut_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
     log = open(os.path.join(out, f"writes-rank{os.environ['RANK']}.txt"), "w")
@@ -52,8 +52,8 @@ RANK_SCRIPT = textwrap.dedent("""
             return write(path, *args, **kwargs)
         return wrapped
 
-    train_module.atomic_write = listed(train_module.atomic_write)
-    train_module.atomic_write_text = listed(train_module.atomic_write_text)
+    state.atomic_write = listed(state.atomic_write)  # the checkpoint
+    record.atomic_write_text = listed(record.atomic_write_text)  # the record
 
     cli.main(["train", "--config", config, "--set", f"out_dir={out}/whole", "--record", f"{out}/whole.json"])
 

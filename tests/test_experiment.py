@@ -165,9 +165,8 @@ def test_a_killed_sweep_resumes_to_identical_records(tmp_path):
 
 
 def test_every_arm_of_a_seed_sees_the_same_batches(monkeypatch):
-    import importlib
 
-    train_module = importlib.import_module("nodelm_lib.training.loop")  # the module; nl.train is the function
+    from nodelm_lib.training import loop as train_module
 
     seen: dict[str, list] = {}
     original = train_module.sample_batch
