@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from nodelm_lib.experiments import ngram as bl
-from nodelm_lib import data
+from nodelm_lib.data import sources
 
 # toy text for the hand computations: V = 3, k = 1
 TOY = np.array([0, 1, 0, 1, 2])
@@ -228,7 +228,7 @@ def test_tinyshakespeare_char(monkeypatch, tmp_path):
     def no_hub(*args):
         raise ConnectionError("hub unreachable (patched in tests): offline data not found")
 
-    monkeypatch.setattr(data, "_open_hub", no_hub)  # the offline copy or nothing
+    monkeypatch.setattr(sources, "_open_hub", no_hub)  # the offline copy or nothing
     monkeypatch.setenv("NODELM_CACHE_DIR", str(tmp_path))  # keep the token cache out of the repo
     df = bl.ngram_baselines("tinyshakespeare", "char")
     assert isinstance(df, pd.DataFrame)

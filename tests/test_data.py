@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from nodelm_lib import data
+from nodelm_lib.data import sources
 
-_real_open_hub = data._open_hub  # the autouse fixture below replaces it
+_real_open_hub = sources._open_hub  # the autouse fixture below replaces it
 # byte and line counts from shared/data/SOURCES.md
 WIKITEXT2 = {"train": (10_797_148, 36_718), "validation": (1_121_681, 3_760),
              "test": (1_256_449, 4_358)}
@@ -47,7 +48,7 @@ def offline(monkeypatch):
     def no_hub(path, name, split):
         raise ConnectionError("hub unreachable (patched in tests)")
 
-    monkeypatch.setattr(data, "_open_hub", no_hub)
+    monkeypatch.setattr(sources, "_open_hub", no_hub)
     for var in ("NODELM_DATA_DIR", "NODELM_CACHE_DIR", "TIKTOKEN_CACHE_DIR"):
         # set-then-delete makes monkeypatch restore the original state even when
         # the code under test sets the variable itself (configure_tiktoken_cache)
@@ -78,7 +79,7 @@ def test_search_order(tmp_path, monkeypatch):
     explicit, env, sibling = (tmp_path / n for n in ("explicit", "env", "sibling"))
     for d in (explicit, env, sibling):
         d.mkdir()
-    monkeypatch.setattr(data, "_candidate_dirs", lambda: [(sibling, "../shared/data")])
+    monkeypatch.setattr(sources, "_candidate_dirs", lambda: [(sibling, "../shared/data")])
 
     assert data.find_data_dir()[0] == sibling
     monkeypatch.setenv("NODELM_DATA_DIR", str(env))
@@ -95,16 +96,16 @@ def test_search_order(tmp_path, monkeypatch):
 
 
 def test_default_search_finds_shared_next_to_checkout():
-    repo = Path(data.__file__).resolve().parents[1]
-    paths = [p for p, _ in data._candidate_dirs()]
+    repo = Path(data.__file__).resolve().parents[2]
+    paths = [p for p, _ in sources._candidate_dirs()]
     assert paths[0] == (repo.parent / "shared" / "data").resolve()
 
 
 def test_no_data_dir_uses_hub(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "_candidate_dirs", lambda: [])
-    monkeypatch.setattr(data, "HUB_SHA256", {})  # a stand-in text, not the pinned corpus
+    monkeypatch.setattr(sources, "_candidate_dirs", lambda: [])
+    monkeypatch.setattr(sources, "HUB_SHA256", {})  # a stand-in text, not the pinned corpus
     calls = []
-    monkeypatch.setattr(data, "_open_hub", lambda *a: calls.append(a) or HubSplit("from hub\n"))
+    monkeypatch.setattr(sources, "_open_hub", lambda *a: calls.append(a) or HubSplit("from hub\n"))
     assert data.load_text("wikitext2", "test") == "from hub\n"
     assert calls == [("Salesforce/wikitext", "wikitext-2-v1", "test")]
 
@@ -113,8 +114,8 @@ def test_missing_local_file_falls_back_to_hub(tmp_path, monkeypatch):
     (tmp_path / "wikitext-2-v1").mkdir()  # a data dir without this split
     with pytest.raises(RuntimeError, match="test.txt does not exist.*hub failed"):
         data.load_text("wikitext2", "test", data_dir=tmp_path)
-    monkeypatch.setattr(data, "_open_hub", lambda *a: HubSplit("hub text"))
-    monkeypatch.setattr(data, "HUB_SHA256", {})  # a stand-in text, not the pinned corpus
+    monkeypatch.setattr(sources, "_open_hub", lambda *a: HubSplit("hub text"))
+    monkeypatch.setattr(sources, "HUB_SHA256", {})  # a stand-in text, not the pinned corpus
     assert data.load_text("wikitext2", "test", data_dir=tmp_path) == "hub text"
 
 
@@ -132,13 +133,13 @@ def test_hub_loader_joins_rows(monkeypatch):
     fake = type(sys)("datasets")
     fake.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    monkeypatch.setattr(data, "_open_hub", _real_open_hub)
-    monkeypatch.setattr(data, "_candidate_dirs", lambda: [])
-    monkeypatch.setattr(data, "HUB_BATCH_ROWS", 3)  # the last row in a batch of its own
+    monkeypatch.setattr(sources, "_open_hub", _real_open_hub)
+    monkeypatch.setattr(sources, "_candidate_dirs", lambda: [])
+    monkeypatch.setattr(sources, "HUB_BATCH_ROWS", 3)  # the last row in a batch of its own
     source = data.text_source("wikitext2", "train", variant="wikitext-2-raw-v1")
     assert list(source.pieces()) == [" \n = Title = \n \n", " Body text .\n"]
     assert data.load_text("wikitext2", "train", variant="wikitext-2-raw-v1") == " \n = Title = \n \n Body text .\n"
-    assert data._join_hub_rows("elsewhere/corpus", ["", " = Title = \n"]) == " = Title = \n"
+    assert sources._join_hub_rows("elsewhere/corpus", ["", " = Title = \n"]) == " = Title = \n"
     assert calls == [("Salesforce/wikitext", "wikitext-2-raw-v1", "train")] * 2
 
 
@@ -192,7 +193,7 @@ def test_checksum_is_cached_per_process(shared, monkeypatch):
         def sha256(*a):
             raise AssertionError("rehashed an unchanged file")
 
-    monkeypatch.setattr(data, "hashlib", NoHash)
+    monkeypatch.setattr(sources, "hashlib", NoHash)
     assert len(data.load_text("wikitext2", "test")) > 0
 
 
@@ -225,7 +226,7 @@ def test_hub_only_corpora_fail_clearly_offline(shared):
 
 def test_hub_only_corpora_load_from_hub(shared, monkeypatch):
     calls = []
-    monkeypatch.setattr(data, "_open_hub", lambda *a: calls.append(a) or HubSplit(" = A = \n"))
+    monkeypatch.setattr(sources, "_open_hub", lambda *a: calls.append(a) or HubSplit(" = A = \n"))
     assert data.load_text("wikitext103", "test") == " = A = \n"
     data.load_text("wikitext2", "train", variant="wikitext-2-raw-v1")
     assert calls == [("Salesforce/wikitext", "wikitext-103-raw-v1", "test"),

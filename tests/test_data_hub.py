@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from nodelm_lib import data
+from nodelm_lib.data import sources
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
@@ -39,7 +40,7 @@ def mirror(tmp_path, monkeypatch) -> Path:
     """An empty hub mirror, no offline data dir, and a private `datasets` cache."""
     root = tmp_path / "hub"
     root.mkdir()
-    monkeypatch.setattr(data, "_candidate_dirs", lambda: [])  # no ../shared/data either
+    monkeypatch.setattr(sources, "_candidate_dirs", lambda: [])  # no ../shared/data either
     for var in ("NODELM_DATA_DIR", "NODELM_CACHE_DIR"):
         monkeypatch.setenv(var, "unset")
         monkeypatch.delenv(var)
@@ -123,7 +124,7 @@ def test_tinyshakespeare_from_hub_equals_offline_cuts(shared_dir, mirror):
     full = offline_text(shared_dir, "tinyshakespeare/input.txt")
     make_tiny_shakespeare(mirror, full)
     parts = {s: data.load_text("tinyshakespeare", s) for s in data.SPLITS}
-    assert parts == {s: data._shakespeare_split(full, s) for s in data.SPLITS}
+    assert parts == {s: sources._shakespeare_split(full, s) for s in data.SPLITS}
     assert "".join(parts[s] for s in data.SPLITS) == full
 
 
@@ -160,8 +161,8 @@ def test_wikitext103_from_hub_streams_to_the_whole_texts_tokens(shared_dir, mirr
         monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(shared_dir / "tiktoken_cache"))
     text = offline_text(shared_dir, "wikitext-2-v1/validation.txt")
     make_wikitext(mirror, {"wikitext-103-raw-v1": {"validation": text}})
-    monkeypatch.setattr(data, "HUB_BATCH_ROWS", 100)  # ~38 batches of rows
-    monkeypatch.setattr(data, "STREAM_CHARS", 10_000)  # ~110 chunks
+    monkeypatch.setattr(sources, "HUB_BATCH_ROWS", 100)  # ~38 batches of rows
+    monkeypatch.setattr(sources, "STREAM_CHARS", 10_000)  # ~110 chunks
     ids = data.load_tokens("wikitext103", "validation", tokenizer, cache_dir=tmp_path / "cache", mmap=True)
     assert isinstance(ids, np.memmap)
     assert np.array_equal(ids, data.get_tokenizer(tokenizer).encode_array(text))
@@ -194,7 +195,7 @@ def test_mirror_without_the_repository_is_an_error(mirror):
 
 def test_hub_ids_by_default(monkeypatch):
     monkeypatch.delenv("NODELM_HUB_MIRROR", raising=False)
-    assert data._hub_location(data.WIKITEXT_HUB) == "Salesforce/wikitext"
+    assert sources._hub_location(data.WIKITEXT_HUB) == "Salesforce/wikitext"
     assert data.HUB_SOURCES == {"wikitext2": "Salesforce/wikitext",
                                 "wikitext103": "Salesforce/wikitext",
                                 "tinyshakespeare": "karpathy/tiny_shakespeare"}

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from nodelm_lib import data
+from nodelm_lib.data import sources
 
 # the peak RSS that tokenising a corpus may add to a process, whatever the corpus's size
 RSS_CAP_MIB = 64
@@ -35,7 +36,7 @@ def offline(monkeypatch):
     def no_hub(path, name, split):
         raise ConnectionError("hub unreachable (patched in tests)")
 
-    monkeypatch.setattr(data, "_open_hub", no_hub)
+    monkeypatch.setattr(sources, "_open_hub", no_hub)
     for var in ("NODELM_DATA_DIR", "NODELM_CACHE_DIR", "TIKTOKEN_CACHE_DIR"):
         monkeypatch.setenv(var, "unset")  # so that monkeypatch restores what the code sets
         monkeypatch.delenv(var)
@@ -91,7 +92,7 @@ def add_wikitext103(root: Path, splits: dict[str, str], variant: str = "wikitext
 @pytest.fixture
 def standin(tmp_path, monkeypatch) -> Path:
     """A small WikiText-103 stand-in, read and tokenised in pieces of 1000 characters."""
-    monkeypatch.setattr(data, "STREAM_CHARS", 1000)
+    monkeypatch.setattr(sources, "STREAM_CHARS", 1000)
     return add_wikitext103(tmp_path / "data", {"train": wikitext_like(3000, seed=1),
                                                "validation": wikitext_like(600, seed=2)})
 
@@ -133,10 +134,10 @@ def test_gpt2_safe_cuts_keep_the_whole_texts_ids(tiktoken_cache):
 
 @pytest.mark.parametrize("rel", ["wikitext-2-v1/validation.txt", "tinyshakespeare/input.txt"])
 def test_gpt2_stream_equals_the_whole_text(shared_dir, tiktoken_cache, monkeypatch, rel):
-    monkeypatch.setattr(data, "STREAM_CHARS", 4096)
+    monkeypatch.setattr(sources, "STREAM_CHARS", 4096)
     tok = data.get_tokenizer("gpt2")
     path = shared_dir / rel
-    chunks = list(tok.encode_stream(data._file_pieces(path)))
+    chunks = list(tok.encode_stream(sources._file_pieces(path)))
     assert len(chunks) > 100  # cut at hundreds of places
     whole = tok.encode_array(path.read_bytes().decode("utf-8"))
     assert np.array_equal(np.concatenate(chunks), whole)
@@ -223,7 +224,7 @@ def test_wikitext103_is_a_dataset_of_the_configs_and_profiles():
     with pytest.raises(ValueError, match=r"dataset='wikitext-103' is not valid; choose one of "
                                          r"'wikitext2', 'wikitext103', 'tinyshakespeare'"):
         nl.TrainConfig(dataset="wikitext-103")
-    params = Path(data.__file__).resolve().parents[1] / "params"
+    params = Path(data.__file__).resolve().parents[2] / "params"
     profile = yaml.safe_load((params / "02_seed_comparison" / "gpu_wikitext103.yaml").read_text())
     assert (profile["dataset"], profile["tokenizer"]) == ("wikitext103", "gpt2")
     for path in params.glob("*/*.yaml"):
@@ -431,7 +432,7 @@ def test_tokenising_a_large_corpus_takes_bounded_memory(tmp_path, request, token
     the corpus (``mib`` MiB of text; 256 MiB of characters make a 512 MiB uint16 cache) and below
     what holding it whole would take (the text, and for GPT-2 a Python list of ~70 bytes per
     token); so do batches drawn from the memmap, less the cache pages they map."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(data.__file__).resolve().parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(data.__file__).resolve().parents[2])}
     if tokenizer == "gpt2":
         env["TIKTOKEN_CACHE_DIR"] = str(request.getfixturevalue("tiktoken_cache"))
     root, cache = tmp_path / "data", tmp_path / "cache"
