@@ -33,6 +33,10 @@ one thread each):
   a CPU, ``gpt`` in float32 and, where the CPU computes bf16 natively, under bf16 autocast, with
   every model's validation loss on the same fixed windows (the target asks for >= 1.3x the
   reference's tokens/s at a validation loss <= the reference's).
+* **odeint** (``--only odeint``, e.g. to ``results/bench_odeint_cpu``): ``odeint_vs_torchdiffeq.py``
+  at its defaults, forward + backward through 4 fixed steps of the hybrid's field (d=256,
+  B=32 x T=64), our ``euler`` and ``rk38`` against torchdiffeq's ``euler`` and ``rk4`` (the same
+  tableaus), interleaved, medians; target ratio <= 0.8.
 * **bounds** beside the CPU training rows: ``MFU``, the share of this CPU's float32 ceiling (the
   best 2048 x 2048 x 2048 product at the part's threads, measured in the same run) that the
   step's arithmetic ran at; for the seed and baby rows ``ratio at peak``, the speed-up over the
@@ -67,7 +71,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # seed_reference
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # seed_reference, odeint_vs_torchdiffeq
 import nodelm_lib as nl  # noqa: E402
 from nodelm_lib.experiments.sweeps import architecture_arms  # noqa: E402
 from nodelm_lib.models import count_params  # noqa: E402
@@ -460,6 +464,20 @@ def bf16_matmul_tflops(n: int = 8192, repeats: int = 10) -> float:
     return 2 * n**3 / float(np.median(cuda_seconds(lambda: a @ b, repeats))) / 1e12
 
 
+def bench_odeint(repeats: int) -> list[dict]:
+    """``odeint_vs_torchdiffeq.measure`` at its defaults (the hybrid's field, d=256, B=32 x T=64,
+    4 steps, forward + backward): our fixed-step solver against torchdiffeq's on the same tableau."""
+    from odeint_vs_torchdiffeq import measure
+
+    rows = []
+    for r in measure(repeats=repeats):
+        ours, theirs = r["seconds"]["nodelm"], r["seconds"]["torchdiffeq"]
+        rows.append(dict(benchmark="odeint fwd+bwd vs torchdiffeq", case=f"{r['ours']} vs {r['theirs']}",
+                         value=ours * 1e3, unit="ms", reference="torchdiffeq", reference_value=theirs * 1e3,
+                         ratio=ours / theirs, flops_ratio=None, target=0.8, met=bool(ours / theirs <= 0.8)))
+    return rows
+
+
 def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, write_row=None) -> list[dict]:
     """Every arm of 02's gpu profile, one after another on the GPU (which nothing else shares):
     ``steps`` timed training steps after three untimed ones (the first of which compiles), per mode."""
@@ -547,7 +565,7 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1, help="threads of the 02 and decode measurements")
     parser.add_argument("--seed-threads", type=int, default=os.cpu_count(), help="threads at the seed config")
-    parser.add_argument("--only", choices=["02", "seed", "decode", "nanogpt", "gpu"], action="append",
+    parser.add_argument("--only", choices=["02", "seed", "decode", "nanogpt", "odeint", "gpu"], action="append",
                         help="parts to measure (default: all but gpu)")
     parser.add_argument("--gpu-steps", type=int, default=20, help="timed steps per arm and mode (gpu)")
     parser.add_argument("--gpu-modes", nargs="+", choices=["eager", "compiled", "cudagraphs"],
@@ -583,6 +601,7 @@ def main() -> None:
     parts = {"02": lambda: bench_02_cpu(args.rounds, args.threads), "seed": lambda: bench_seed_config(3 * args.rounds, args.seed_threads),
              "decode": lambda: bench_decode(args.decode_tokens, args.rounds),
              "nanogpt": lambda: bench_nanogpt(args.rounds) + bench_nanogpt_whole_run(),
+             "odeint": lambda: bench_odeint(2 * args.rounds + 1),
              "gpu": lambda: bench_02_gpu(args.gpu_steps, args.gpu_modes, args.gpu_archs,
                                          write_row=lambda r: keep(r, "gpu"))}
     for name in args.only or [p for p in parts if p != "gpu"]:

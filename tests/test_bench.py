@@ -187,3 +187,26 @@ def test_operator_times_counts_every_call_and_times_the_products():
     assert mm > relu > 0
     with pytest.raises(SystemExit, match="not valid; choose one of"):
         op_times.training_step("nope")
+
+
+def test_the_odeint_part_times_both_solvers_on_the_same_tableau_and_rows_their_ratio():
+    """Both sides of each pair integrate the same field on the same grid with the same tableau,
+    so their end states agree (what makes the timing comparable); the record's rows carry the
+    ratio ours / torchdiffeq against the 0.8 target."""
+    import torchdiffeq
+
+    import nodelm_lib as nl
+    from nodelm_lib.models.hybrid import HybridField
+    from odeint_vs_torchdiffeq import PAIRS
+
+    torch.manual_seed(0)
+    field = HybridField(nl.ModelConfig(arch="hybrid", d_model=8, n_heads=2, control_dim=0)).double()
+    x0, t = torch.randn(2, 3, 8, dtype=torch.float64), torch.linspace(0, 1, 3, dtype=torch.float64)
+    for ours, theirs in PAIRS:
+        ends = nl.odeint(field, x0, t, method=ours)[-1], torchdiffeq.odeint(field, x0, t, method=theirs)[-1]
+        torch.testing.assert_close(*ends, rtol=1e-12, atol=1e-12)
+    rows = record.bench_odeint(repeats=1)
+    assert [r["case"] for r in rows] == [f"{o} vs {t}" for o, t in PAIRS]
+    for r in rows:
+        assert r["value"] > 0 and r["ratio"] == pytest.approx(r["value"] / r["reference_value"])
+        assert r["met"] == (r["ratio"] <= r["target"] == 0.8)
