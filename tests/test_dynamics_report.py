@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from nodelm_lib.analysis import dynamics_report as dr
-from nodelm_lib.analysis import spectral as sp
+from nodelm_lib.analysis import depth_trends as tr
 from nodelm_lib.analysis.lyapunov import TokenSensitivity, TokenSpectrum
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def test_the_verdict_is_the_trend_tests_over_every_t_and_seed():
 def test_the_lines_are_the_trend_tables_numbers():
     table = spectral_table(qk=1.2, ov=1.0, ff=0.9)
     text = dr.findings(table, lyapunov_table(), profile="test", train_steps=7)
-    trend = sp.depth_trend_test(table[table.kind != "jacobian"])
+    trend = tr.depth_trend_test(table[table.kind != "jacobian"])
     for row in trend.itertuples():
         line = f"- **{row.model} · {row.kind.upper()}**: {dr.trend_line(row)}"
         assert line in text

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import nodelm_lib as nl
+from nodelm_lib.analysis import jacobian as jc
 from nodelm_lib.analysis import lyapunov as ly
 
 F64 = torch.float64
@@ -142,7 +143,7 @@ def test_step_maps_reproduce_the_forward_pass(arch, method):
 
 def flow_jacobian_reference(model, idx):
     """d x(1) / d x(0) of the model's own ``ode_block`` by reverse mode: (T, D, T, D)."""
-    m = ly.analysis_model(model, F64)
+    m = jc.analysis_model(model, F64)
     x0 = ly.initial_state(m, idx.reshape(1, -1))
     J = torch.autograd.functional.jacobian(lambda x: m.ode_block(x), x0)
     return J[0, :, :, 0]
@@ -179,10 +180,10 @@ def test_token_sensitivity_and_spectrum_match_the_flow_jacobian(arch, method):
 
 @pytest.mark.parametrize("arch", ["node", "ti_ssm"])  # ti_ssm's scan has no batching rule: the loop takes over
 def test_jacobian_rows_batched_and_one_by_one_agree(arch):
-    m = ly.analysis_model(small_model(arch, "euler", n_steps=2))
+    m = jc.analysis_model(small_model(arch, "euler", n_steps=2))
     x0 = ly.initial_state(m, torch.randint(0, 32, (1, 5)))
     rows = torch.tensor([0, 3, 17, 39, 20])
-    loop = ly.jacobian_rows(m.ode_block, x0, rows, chunk_size=1)
-    batched = ly.jacobian_rows(m.ode_block, x0, rows, chunk_size=2)
+    loop = jc.jacobian_rows(m.ode_block, x0, rows, chunk_size=1)
+    batched = jc.jacobian_rows(m.ode_block, x0, rows, chunk_size=2)
     full = torch.autograd.functional.jacobian(m.ode_block, x0).reshape(x0.numel(), -1)
     assert torch.allclose(loop, full[rows], atol=1e-13) and torch.allclose(batched, full[rows], atol=1e-13)

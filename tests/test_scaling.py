@@ -13,7 +13,7 @@ import yaml
 from scipy import optimize
 
 import nodelm_lib as nl
-from nodelm_lib.experiments import sweeps, scaling
+from nodelm_lib.experiments import sweeps, scaling, sweep_time
 from nodelm_lib.reporting import stats, trends
 from nodelm_lib.training.record import RunRecord
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
@@ -278,13 +278,13 @@ def test_step_times_are_measured_for_a_stored_model_and_scaled_by_flops_for_anot
                                eval_on="batches", device="cpu")
     cells = scaling.width_cells(base.model, ["gpt", "ti_mlp"], [16, 32, 64])
     configs = {name: nl.config.with_values(base, cell) for name, cell in cells.items()}
-    flops = {name: scaling._flops(tc, {}) for name, tc in configs.items()}
+    flops = {name: sweep_time._flops(tc, {}) for name, tc in configs.items()}
     # gpt at 16 and 32: a + b F with a fixed share of 0.25 at d=32; ti_mlp measured at 32 only
     b = 0.75 * 0.1 / flops["gpt d=32"]
     a = 0.1 - b * flops["gpt d=32"]
     for name, s in {"gpt d=16": a + b * flops["gpt d=16"], "gpt d=32": 0.1, "ti_mlp d=32": 0.2}.items():
         fake_record(configs[name], s).to_json(tmp_path / f"{name}.json")
-    got = scaling.step_seconds([configs["gpt d=32"], configs["ti_mlp d=64"], configs["gpt d=64"]], tmp_path)
+    got = sweep_time.step_seconds([configs["gpt d=32"], configs["ti_mlp d=64"], configs["gpt d=64"]], tmp_path)
     assert got["source"].iloc[0] == "measured" and got["s_per_step"].iloc[0] == pytest.approx(0.1)
     scale = 0.25 + 0.75 * flops["ti_mlp d=64"] / flops["ti_mlp d=32"]
     assert got["s_per_step"].iloc[1] == pytest.approx(0.2 * scale, rel=1e-6)
@@ -293,8 +293,8 @@ def test_step_times_are_measured_for_a_stored_model_and_scaled_by_flops_for_anot
 
 
 def test_makespan_puts_the_longest_runs_first_on_the_lane_that_frees_first():
-    assert scaling.makespan([3, 3, 2, 2, 2], workers=2) == 7
-    assert scaling.makespan([5, 1, 1], workers=1) == 7
+    assert sweep_time.makespan([3, 3, 2, 2, 2], workers=2) == 7
+    assert sweep_time.makespan([5, 1, 1], workers=1) == 7
 
 
 # --------------------------------------------------------------------------- bad inputs

@@ -1,4 +1,4 @@
-"""Spectral analysis (analysis/spectral.py) against independent computations.
+"""Spectral analysis (analysis/spectral.py, jacobian.py, depth_trends.py) against independent computations.
 
 - the eigenvalues of the QK / OV / FF products equal numpy's, computed from the raw parameters
   with the time code, hypernetwork and gates re-implemented here in numpy, and with the full
@@ -19,6 +19,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import nodelm_lib as nl
+from nodelm_lib.analysis import depth_trends as tr
+from nodelm_lib.analysis import dynamics_figures as figs
+from nodelm_lib.analysis import dynamics_report as dr
+from nodelm_lib.analysis import jacobian as jc
 from nodelm_lib.analysis import spectral as sp
 from nodelm_lib.nn.layers import causal_attention
 
@@ -188,20 +192,20 @@ def test_ti_ssm_weights_have_attention_spectra_only():
     spec = sp.weight_spectra(model)
     assert spec.ff is None and spec.qk.shape == (N_STEPS, H, D // H)
     with pytest.raises(ValueError, match="ti_ssm"):
-        sp.jacobian_spectra(model, torch.tensor([1, 2]), mode="arnoldi")
+        jc.jacobian_spectra(model, torch.tensor([1, 2]), mode="arnoldi")
 
 
 def test_field_jacobian_and_its_spectra():
     model = small_model("node", method="rk4", d_model=8)
     idx = torch.randint(0, 32, (5,), generator=torch.Generator().manual_seed(1))
-    m = sp.analysis_model(model)
-    times, states = sp.trajectory(m, idx.reshape(1, -1))
+    m = jc.analysis_model(model)
+    times, states = jc.trajectory(m, idx.reshape(1, -1))
     assert len(times) == N_STEPS + 1 and torch.equal(times[:-1].float(), sp.solver_grid(model))
     logits, _ = model(idx.reshape(1, -1))
     assert torch.allclose(m.lm_head(m.ln_f(states[-1])).float(), logits, atol=1e-5)  # the same solve
 
     t, x = times[1], states[1]
-    J = sp.field_jacobian(m, t, x)
+    J = jc.field_jacobian(m, t, x)
     with sdpa_kernel(SDPBackend.MATH):  # forward mode as the independent reference (the library uses reverse)
         ref = torch.func.jacfwd(lambda y: m.ode_block.vector_field(t, y))(x).reshape(x.numel(), -1)
     assert torch.allclose(J, ref, atol=1e-12)
@@ -209,8 +213,8 @@ def test_field_jacobian_and_its_spectra():
     upper = J.reshape(T, Dm, T, Dm).permute(0, 2, 1, 3)[torch.triu_indices(T, T, 1).unbind()]
     assert upper.abs().max() == 0  # causal: block lower-triangular
 
-    blocks = sp.jacobian_spectra(model, idx, mode="blocks")
-    full = sp.jacobian_spectra(model, idx, mode="full")
+    blocks = jc.jacobian_spectra(model, idx, mode="blocks")
+    full = jc.jacobian_spectra(model, idx, mode="full")
     for a, b in zip(blocks.eigenvalues, full.eigenvalues):
         assert_same_multiset(a, b, 1e-6)
     assert np.allclose(blocks.spectral_norm, full.spectral_norm)
@@ -225,8 +229,8 @@ def test_matrix_free_spectra_are_exact_with_a_full_krylov_space():
     # one step and three tokens keep the JVPs few (forward-mode AD is slow per op on CPU)
     model = small_model("ti_mlp", n_steps=1, d_model=8)
     idx = torch.tensor([3, 1, 4])
-    full = sp.jacobian_spectra(model, idx, mode="full")
-    arnoldi = sp.jacobian_spectra(model, idx, mode="arnoldi", n_krylov=3 * 8)
+    full = jc.jacobian_spectra(model, idx, mode="full")
+    arnoldi = jc.jacobian_spectra(model, idx, mode="arnoldi", n_krylov=3 * 8)
     # the layer norms make f(x) invariant to adding a constant to any token's state (and, up to their
     # eps, to scaling it): J has a null space of dimension >= T, of which a Krylov space holds only
     # one direction (Arnoldi stops once its space is invariant)
@@ -238,7 +242,7 @@ def test_matrix_free_spectra_are_exact_with_a_full_krylov_space():
 
 def test_depth_trend():
     df = __import__("pandas").DataFrame(dict(model="m", kind="qk", head=0, t=[0.0, 0.5, 1.0], mean_abs=[1.0, 2.0, 3.0]))
-    row = sp.depth_trend(df).iloc[0]
+    row = tr.depth_trend(df).iloc[0]
     assert row.spearman == pytest.approx(1.0) and row.slope == pytest.approx(2.0)
     assert row.ratio == 3.0 and row.monotone_up
 
@@ -262,7 +266,7 @@ def test_depth_trend_test_against_scipy():
     rng = np.random.default_rng(1)
     table = trend_table(lambda m, k, s, h, t: 1.0 + 0.3 * t + rng.normal(0, 0.1), models=("node", "ti_mlp"),
                         kinds=("qk", "ff"))
-    result = sp.depth_trend_test(table)
+    result = tr.depth_trend_test(table)
     assert list(zip(result.model, result.kind)) == [("node", "qk"), ("node", "ff"), ("ti_mlp", "qk"), ("ti_mlp", "ff")]
     for r in result.itertuples():
         slopes, rhos = [], []
@@ -290,22 +294,22 @@ def test_depth_trend_test_finds_growth_and_not_noise():
     flat = lambda m, k, s, h, t: 1.0 + rng.normal(0, 0.05)  # noqa: E731
     # many independent data sets, 3 seeds each: the raw t-test's rejection rate is its power / its size
     models = [f"m{i}" for i in range(300)]
-    power = (sp.depth_trend_test(trend_table(rising, models=models)).p < 0.05).mean()
-    size = (sp.depth_trend_test(trend_table(flat, models=models)).p < 0.05).mean()
+    power = (tr.depth_trend_test(trend_table(rising, models=models)).p < 0.05).mean()
+    size = (tr.depth_trend_test(trend_table(flat, models=models)).p < 0.05).mean()
     assert power > 0.9 and size < 0.09
     # one rising and one flat pair in a family: the verdicts, with Holm's correction over both
-    both = sp.depth_trend_test(pd.concat([trend_table(rising, models=("up",)), trend_table(flat, models=("flat",))]))
+    both = tr.depth_trend_test(pd.concat([trend_table(rising, models=("up",)), trend_table(flat, models=("flat",))]))
     verdicts = dict(zip(both.model, both.verdict))
     assert verdicts == {"up": "grows with depth", "flat": "not resolved at n = 3"}
     falling = trend_table(lambda m, k, s, h, t: 1.0 - 0.5 * t + rng.normal(0, 0.02))
-    assert sp.depth_trend_test(falling).verdict.iloc[0] == "shrinks with depth"
+    assert tr.depth_trend_test(falling).verdict.iloc[0] == "shrinks with depth"
 
 
 def test_depth_trend_test_with_one_seed_describes_and_does_not_test():
     from scipy import stats as st
 
     table = trend_table(lambda m, k, s, h, t: 2.0 + t * t, seeds=(0,)).drop(columns="seed")  # an old one-run table
-    row = sp.depth_trend_test(table).iloc[0]
+    row = tr.depth_trend_test(table).iloc[0]
     assert row.n_seeds == 1 and np.isnan(row.p) and np.isnan(row.ci_low)
     assert row.verdict == "not resolved at n = 1"
     assert row.slope_mean == pytest.approx(st.linregress(TIMES, [2.0 + t * t for t in TIMES]).slope)
@@ -314,14 +318,14 @@ def test_depth_trend_test_with_one_seed_describes_and_does_not_test():
 def test_depth_trend_test_names_bad_input():
     table = trend_table(lambda m, k, s, h, t: 1.0)
     with pytest.raises(ValueError, match=r"alpha must be in \(0, 1\), got 1.5"):
-        sp.depth_trend_test(table, alpha=1.5)
+        tr.depth_trend_test(table, alpha=1.5)
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['n_eigs'\]"):
-        sp.depth_trend_test(table.drop(columns="n_eigs"))
+        tr.depth_trend_test(table.drop(columns="n_eigs"))
 
 
 def test_the_trend_figure_has_a_panel_per_model_and_kind():
     table = trend_table(lambda m, k, s, h, t: 1.0 + s + t, models=("node", "ti_mlp"), kinds=("qk", "ov", "ff"))
-    fig = sp.plot_depth_trend(table, sp.depth_trend_test(table))
+    fig = figs.plot_depth_trend(table, tr.depth_trend_test(table))
     assert len(fig.axes) == 6 and "Holm p" in fig.axes[0].get_title()
     assert len(fig.axes[0].lines) == 6  # three seeds: points and a fitted line each
 
@@ -366,7 +370,7 @@ def test_numerically_zero_eigenvalues_are_not_counted_positive():
     assert row["frac_pos_real"] == pytest.approx(1 / 5)
     assert row["spectral_radius"] == 2.0 and row["mean_abs"] == pytest.approx(3.0 / 5, rel=1e-12)
     model = small_model("ti_mlp", n_steps=1, d_model=8)
-    e = sp.jacobian_spectra(model, torch.tensor([3, 1, 4]), mode="full").eigenvalues[0]
+    e = jc.jacobian_spectra(model, torch.tensor([3, 1, 4]), mode="full").eigenvalues[0]
     assert (np.abs(e) < 1e-12 * np.abs(e).max()).sum() == 3  # one per token
 
 
@@ -387,15 +391,15 @@ def test_dynamics_summary_against_the_spectra():
     models = {arch: small_model(arch, n_steps=2, d_model=8) for arch in ("node", "ti_ssm")}
     idx = torch.tensor([3, 1, 4, 1])
     spec = {a: sp.weight_spectra(m) for a, m in models.items()}
-    jac = {a: sp.jacobian_spectra(m, idx, n_krylov=8) for a, m in models.items()}
+    jac = {a: jc.jacobian_spectra(m, idx, n_krylov=8) for a, m in models.items()}
     sens = {a: ly.token_sensitivity(m, idx) for a, m in models.items()}
     tok = {a: ly.token_lyapunov_spectrum(m, idx, position=2) for a, m in models.items()}
     spectral = pd.concat([s.summary().assign(model=a) for a, s in spec.items()]
                          + [j.summary().assign(model=a) for a, j in jac.items()])
     lyapunov = pd.concat([s.frame().assign(model=a, analysis="sensitivity") for a, s in sens.items()]
                          + [s.frame().assign(model=a, analysis="token_spectrum") for a, s in tok.items()])
-    table = sp.dynamics_summary(spectral, lyapunov)
-    assert list(table.columns) == list(sp.SUMMARY_COLUMNS)
+    table = dr.dynamics_summary(spectral, lyapunov)
+    assert list(table.columns) == list(dr.SUMMARY_COLUMNS)
     assert list(zip(table.model, table.analysis)) == [
         ("node", k) for k in ("qk", "ov", "ff", "jacobian", "sensitivity", "token_spectrum")] + [
         ("ti_ssm", k) for k in ("qk", "ov", "jacobian", "sensitivity", "token_spectrum")]

@@ -1,13 +1,14 @@
-"""The conclusions of notebook 04 ("What the results show"), written from its two tables.
+"""Notebook 04's summary table and conclusions ("What the results show"), written from its tables.
 
 Notebook 04 writes ``results/spectral_<profile>.csv`` (weight and Jacobian spectra per t) and
-``results/lyapunov_<profile>.csv`` (token sensitivity and token spectra). :func:`findings`
-turns those two tables into Markdown, so every number and every word that depends on one
-(grows / shrinks / not resolved, agrees with / does not reproduce Tong et al.) comes from the
-tables and changes when they do; nothing is typed in by hand. It works on the tables read back
+``results/lyapunov_<profile>.csv`` (token sensitivity and token spectra). :func:`dynamics_summary`
+condenses them into one row per (model, seed, analysis): the descriptive numbers of notebook 04
+and its docs table. :func:`findings` turns the two tables into Markdown, so every number and
+every word that depends on one (grows / shrinks / not resolved, agrees with / does not reproduce
+Tong et al.) comes from the tables and changes when they do; nothing is typed in by hand. It works on the tables read back
 from disk as well as on the frames the notebook holds.
 
-"Grows with depth" is the verdict of ``spectral.depth_trend_test``: the slope of the heads'
+"Grows with depth" is the verdict of ``depth_trends.depth_trend_test``: the slope of the heads'
 pooled mean |lambda| against every solver time, per seed, tested across seeds with Holm's
 correction; where Holm's p does not resolve a direction (always where the slope's CI spans zero)
 the text says "not resolved at n = <seeds>". Numbers of the
@@ -29,7 +30,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .spectral import depth_trend, depth_trend_test, with_seed
+from .depth_trends import depth_trend, depth_trend_test, with_seed
+from .spectral import KINDS
 
 ATTENTION_KINDS = ("qk", "ov")
 WEIGHT_KINDS = ("qk", "ov", "ff")
@@ -47,6 +49,83 @@ def agreement(verdicts: list[str]) -> str:
     if any(v == "shrinks with depth" for v in verdicts):
         return "**does not reproduce**"
     return "**neither confirms nor refutes**"
+
+
+# --------------------------------------------------------------------------- the summary table
+
+
+SUMMARY_COLUMNS = ("model", "seed", "analysis", "t_first", "t_last", "mean_abs_first", "mean_abs_last",
+                   "mean_abs_ratio", "radius_first", "radius_last", "radius_ratio", "radius_min", "radius_max",
+                   "heads_growing", "max_exponent", "exponent_sum", "n_positive")
+
+
+def dynamics_summary(spectral: pd.DataFrame, lyapunov: pd.DataFrame) -> pd.DataFrame:
+    """The headline numbers of notebook 04, one row per (model, seed, analysis), from its two tables:
+    ``spectral`` (``WeightSpectra.summary()`` and ``JacobianSpectra.summary()`` rows with ``model``
+    and ``seed`` columns: ``results/spectral_<profile>.csv``) and ``lyapunov``
+    (``TokenSensitivity.frame()`` and ``TokenSpectrum.frame()`` rows with ``model``, ``seed`` and
+    ``analysis``: ``results/lyapunov_<profile>.csv``). A table without ``seed`` is one run of seed 0.
+
+    - ``qk``, ``ov``, ``ff``, ``jacobian``: at each t the eigenvalues of all heads pooled, their mean
+      |lambda| and spectral radius at the first and last solver time (``t_first``, ``t_last``), the
+      ratios last / first, and the radius's range over t. ``heads_growing`` (weights only): heads
+      whose own mean |lambda| is larger at the last t than at the first, of all heads. These
+      describe one run's endpoints; whether a value grows with depth is ``depth_trend_test``'s
+      question (every t, every seed).
+    - ``sensitivity``: ``max_exponent`` the largest S_ij = log sigma_max(d x_i(1) / d x_j(0)) over
+      j <= i, ``n_positive`` the pairs (i, j) with S_ij > 0 (a perturbation of token j that grows by
+      the time it reaches token i), of all pairs.
+    - ``token_spectrum``: the singular-value (finite-time Lyapunov) exponents of one token's block
+      d x_p(1) / d x_p(0): the largest, the sum (log|det|) and how many are positive. One row per
+      position if the table holds several (analysis ``token_spectrum@p``).
+    Cells that do not apply are NaN.
+    """
+    spectral, lyapunov = with_seed(spectral), with_seed(lyapunov)
+    runs = list(dict.fromkeys([*zip(spectral.model, spectral.seed), *zip(lyapunov.model, lyapunov.seed)]))
+    models = list(dict.fromkeys(name for name, _ in runs))
+    rows = []
+    for name, seed in sorted(runs, key=lambda run: models.index(run[0])):  # model by model, seeds as listed
+        s = spectral[(spectral.model == name) & (spectral.seed == seed)]
+        rows += [dict(model=name, seed=seed, **row) for row in _spectra_rows(s)]
+        ly_ = lyapunov[(lyapunov.model == name) & (lyapunov.seed == seed)]
+        rows += [dict(model=name, seed=seed, **row) for row in _lyapunov_rows(ly_)]
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+def _spectra_rows(s: pd.DataFrame) -> list[dict]:
+    """``dynamics_summary``'s weight and Jacobian rows of one run."""
+    rows = []
+    for kind in (*KINDS, "jacobian"):
+        g = s[s.kind == kind].sort_values(["t", "head"])
+        if g.empty:
+            continue
+        per_t = g.assign(sum_abs=g.mean_abs * g.n_eigs).groupby("t").agg(
+            sum_abs=("sum_abs", "sum"), n=("n_eigs", "sum"), radius=("spectral_radius", "max"))
+        mean_abs, radius = (per_t.sum_abs / per_t.n).to_numpy(), per_t.radius.to_numpy()
+        row = dict(analysis=kind, t_first=per_t.index[0], t_last=per_t.index[-1],
+                   mean_abs_first=mean_abs[0], mean_abs_last=mean_abs[-1], mean_abs_ratio=mean_abs[-1] / mean_abs[0],
+                   radius_first=radius[0], radius_last=radius[-1], radius_ratio=radius[-1] / radius[0],
+                   radius_min=radius.min(), radius_max=radius.max())
+        if kind != "jacobian":
+            grows = g.groupby("head").mean_abs.agg(lambda v: v.iloc[-1] > v.iloc[0])
+            row["heads_growing"] = f"{int(grows.sum())}/{len(grows)}"
+        rows.append(row)
+    return rows
+
+
+def _lyapunov_rows(ly_: pd.DataFrame) -> list[dict]:
+    """``dynamics_summary``'s sensitivity and token-spectrum rows of one run."""
+    rows = []
+    S = ly_[ly_.analysis == "sensitivity"].exponent.to_numpy(float)
+    if S.size:
+        rows.append(dict(analysis="sensitivity", max_exponent=np.nanmax(S), n_positive=f"{int((S > 0).sum())}/{S.size}"))
+    spectra = ly_[ly_.analysis == "token_spectrum"]
+    for position, g in spectra.groupby("position", sort=False):
+        svd = g.sort_values("index").svd.to_numpy(float)
+        label = "token_spectrum" if spectra.position.nunique() == 1 else f"token_spectrum@{int(position)}"
+        rows.append(dict(analysis=label, max_exponent=svd.max(), exponent_sum=svd.sum(),
+                         n_positive=f"{int((svd > 0).sum())}/{svd.size}"))
+    return rows
 
 
 # --------------------------------------------------------------------------- numbers behind the words

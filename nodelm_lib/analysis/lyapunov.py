@@ -27,23 +27,24 @@ switches applied), the method and number of steps the model's own ``ode`` config
 solver's interval [0, 1] (tau = 1). The log growth is divided by that depth time, not by the
 number of steps: rates per unit of depth t, which for one flow converge as dt -> 0, where a
 per-step rate would shrink like 1 / n_steps (divide by n_steps for a per-layer rate). Jacobians
-(of one step map, or of the whole flow) are formed explicitly by reverse mode (``jacobian_rows``).
+(of one step map, or of the whole flow) are formed explicitly by reverse mode
+(``jacobian.jacobian_rows``).
 Causal attention makes every Jacobian block lower-triangular over positions: x_i(1) depends on
 x_j(0) for j <= i only. Over one unit of
 time and a handful of steps the "exponents" are finite-time growth rates of that one map; the
 docstrings below say exactly which quantity each function returns. They apply to ``ti_ssm``
 too (its scan's ``autograd.Function`` has a batchable backward, but no forward-mode rule).
+
+The reverse-mode Jacobians and the analysis copy of a model are ``jacobian.py``'s; the figures of
+these exponents are ``dynamics_figures.py``'s.
 """
 
 from __future__ import annotations
 
-import copy
 import math
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
@@ -51,7 +52,7 @@ from torch.func import jvp, vmap
 
 from nodelm_lib.models.common import continuous_block
 from nodelm_lib.ode import TABLEAUS, Solver, rk_step
-from nodelm_lib.reporting.plotting import use_style
+from .jacobian import analysis_model, jacobian_rows
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -182,31 +183,6 @@ def lyapunov_spectrum(field: Field, x0: torch.Tensor, t: torch.Tensor, method: s
 # --------------------------------------------------------------------------- language models
 
 
-@contextmanager
-def _math_attention():
-    """The fused CPU / CUDA attention kernels have no forward-mode AD rule (jvp) and may have no
-    batching rule for their backward (``is_grads_batched``): use the composite math kernel while
-    differentiating so (the same function, other rounding)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.MATH):
-        yield
-
-
-def analysis_model(model: torch.nn.Module, dtype: torch.dtype | None = torch.float64) -> torch.nn.Module:
-    """An eval-mode copy of ``model`` (no dropout) in ``dtype`` with parameters frozen, for the analyses.
-
-    ``dtype=None`` keeps the model's dtype. The original is not touched.
-    """
-    copy_ = copy.deepcopy(model)
-    if dtype is not None:
-        copy_ = copy_.to(dtype)
-    copy_.eval()
-    for p in copy_.parameters():
-        p.requires_grad_(False)
-    return copy_
-
-
 def model_step_maps(model: torch.nn.Module,
                     dtype: torch.dtype | None = None) -> list[Callable[[torch.Tensor], torch.Tensor]]:
     """The solver's step maps x -> x_next of a continuous-depth model, in order.
@@ -249,43 +225,6 @@ class TokenSensitivity:
         rows = [dict(i=i, j=j, token_i=self.tokens[i], token_j=self.tokens[j], sigma_max=self.sigma_max[i, j],
                      exponent=self.exponent[i, j]) for i in range(T) for j in range(i + 1)]
         return pd.DataFrame(rows)
-
-
-def jacobian_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: torch.Tensor | None = None,
-                  chunk_size: int | None = None) -> torch.Tensor:
-    """Rows of the Jacobian d fn(x) / d x, flattened: (len(rows), x.numel()), all rows by default.
-
-    Reverse mode: the graph of fn is built once and differentiated along unit cotangents,
-    ``chunk_size`` of them per batched backward pass (``is_grads_batched``, attention on the
-    composite math kernel, which every device can batch), or one per pass with ``chunk_size=1``.
-    The default is 1 on CPU, where the plain loop measured 3x faster than batches of 64-1024,
-    and 256 on CUDA. A backward without batching rules (ti_ssm's scan) falls back to the loop.
-    Either way this is 10-70x faster here than the same Jacobian by vmapped ``torch.func.jvp``
-    (whose elementwise rules go through Python decompositions in this torch).
-    """
-    chunk = chunk_size or (256 if x.is_cuda else 1)
-    batched = chunk > 1
-    with (_math_attention() if batched else nullcontext()), torch.enable_grad():
-        xg = x.detach().requires_grad_()
-        y = fn(xg)
-        rows = torch.arange(y.numel(), device=y.device) if rows is None else torch.as_tensor(rows, device=y.device)
-        out = []
-        for start in range(0, len(rows), chunk):
-            sel = rows[start:start + chunk]
-            cot = torch.zeros(len(sel), y.numel(), dtype=y.dtype, device=y.device)
-            cot[torch.arange(len(sel), device=y.device), sel] = 1.0
-            cot = cot.reshape(len(sel), *y.shape)
-            if batched:
-                try:
-                    g = torch.autograd.grad(y, xg, cot, retain_graph=True, is_grads_batched=True)[0]
-                except RuntimeError as err:  # a backward without batching rules (ti_ssm's scan): one row at a time
-                    if "atching rule" not in str(err):
-                        raise
-                    batched = False
-            if not batched:
-                g = torch.stack([torch.autograd.grad(y, xg, c, retain_graph=True)[0] for c in cot])
-            out.append(g.reshape(len(sel), -1))
-    return torch.cat(out)
 
 
 def flow_jacobian(model: torch.nn.Module, x0: torch.Tensor, rows: torch.Tensor | None = None,
@@ -392,49 +331,3 @@ def token_lyapunov_spectrum(model: torch.nn.Module, idx: torch.Tensor, position:
     qr = (total / tau).sort(descending=True).values.cpu().numpy()
     svd = (torch.linalg.svdvals(R_prod).log() / tau).cpu().numpy()
     return TokenSpectrum(p, int(idx[0, p]), qr, svd, tau, np.stack(hist))
-
-
-# --------------------------------------------------------------------------- figures
-
-
-def plot_token_spectra(spectra: dict[str, TokenSpectrum]) -> plt.Figure:
-    """Each model's token spectrum, QR and singular-value exponents, against their index."""
-    use_style()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for c, (name, s) in enumerate(spectra.items()):
-        color = f"C{c}"
-        k = np.arange(1, len(s.svd) + 1)
-        ax.plot(k, s.svd, "-", color=color, label=f"{name}: log singular values")
-        ax.plot(k, s.qr, "o", ms=2.5, mfc="none", color=color, label=f"{name}: QR (Benettin)")
-    ax.axhline(0.0, color="0.5", lw=0.8)
-    ax.set(title="Finite-time Lyapunov spectrum of one token over t in [0, 1]", xlabel="index k",
-           ylabel="exponent (1/τ) log growth")
-    ax.legend(fontsize=7)
-    # why the two estimators disagree most at the top: over one finite time the log singular values
-    # of the whole flow map bound the growth from above, while QR accumulates the growth of an
-    # orthonormal frame step by step; they agree only as the time grows
-    fig.text(0.01, 0.01, "finite time: the singular values of the flow map (lines) bound the step-wise QR "
-             "estimate (rings) from above;\nthe two need not agree, least of all for the leading exponents",
-             fontsize=6, color="dimgrey", va="bottom")
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    return fig
-
-
-def plot_sensitivity(maps: dict[str, TokenSensitivity], labels: list[str] | None = None) -> plt.Figure:
-    """Heat-maps of S_ij (output position i, input position j), one panel per model, one colour scale."""
-    use_style()
-    n = len(maps)
-    values = np.concatenate([s.exponent[np.isfinite(s.exponent)] for s in maps.values()])
-    vmin, vmax = float(values.min()), float(values.max())
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.6), squeeze=False)
-    for ax, (name, s) in zip(axes[0], maps.items()):
-        im = ax.imshow(np.ma.masked_invalid(s.exponent), cmap="viridis", vmin=vmin, vmax=vmax, origin="upper")
-        ax.grid(False)
-        T = len(s.tokens)
-        if labels is not None:
-            ax.set_xticks(range(T), labels=labels, fontsize=6, rotation=90)
-            ax.set_yticks(range(T), labels=labels, fontsize=6)
-        ax.set(title=f"{name}: log σmax(∂x_i(1)/∂x_j(0))", xlabel="input token j", ylabel="output token i")
-        fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.tight_layout()
-    return fig
