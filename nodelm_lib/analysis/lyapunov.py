@@ -51,7 +51,7 @@ from torch.func import jvp, vmap
 
 from nodelm_lib.models.common import continuous_block
 from nodelm_lib.ode import TABLEAUS, Solver, rk_step
-from nodelm_lib.reporting.plotting import use_style
+from nodelm_lib.reporting.style import use_style
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -70,7 +70,7 @@ from nodelm_lib.reporting import stats
 from nodelm_lib.models.common import continuous_block
 from nodelm_lib.nn.time_layers import time_code
 from nodelm_lib.ode import FIXED_STEP_METHODS
-from nodelm_lib.reporting.plotting import use_style
+from nodelm_lib.reporting.style import use_style
 from .lyapunov import _math_attention, analysis_model, jacobian_rows
 
 KINDS = ("qk", "ov", "ff")
