@@ -73,7 +73,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # seed_reference, odeint_vs_torchdiffeq
 import nodelm_lib as nl  # noqa: E402
-from nodelm_lib.experiments.sweeps import architecture_arms  # noqa: E402
+from nodelm_lib.experiments.protocol import architecture_arms  # noqa: E402
 from nodelm_lib.models import count_params  # noqa: E402
 from nodelm_lib.training.profiling import cpu_description, keep_freed_memory
 from nodelm_lib.training.flops import forward_flops_per_token  # noqa: E402

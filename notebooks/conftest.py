@@ -16,7 +16,7 @@
 2. **Unexpected stderr is printed.** nbval only says "Unexpected output fields from running code:
    {'stderr'}"; this prints the text (pytest shows it under "Captured stdout call"). It found the
    cause of CI failures by turns in figure cells of 05 and 04: matplotlib's warning that placing
-   a loc="best" legend took over a second, which ``plotting.save_figure`` now silences.
+   a loc="best" legend took over a second, which ``style.save_figure`` now silences.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import nodelm_lib as nl
 from nodelm_lib.runs import store as run_store
 from nodelm_lib.experiments import ablations
 from nodelm_lib.training.model_files import load_model
-from nodelm_lib.experiments.sweeps import arm_configs, checkpoint_path, run
+from nodelm_lib.experiments.protocol import arm_configs
+from nodelm_lib.runs.store import checkpoint_path, run
 from nodelm_lib.training.state import load_parent_weights
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 

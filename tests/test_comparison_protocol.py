@@ -10,10 +10,11 @@ import pandas as pd
 import pytest
 
 import nodelm_lib as nl
-from nodelm_lib.experiments import sweeps
+from nodelm_lib.experiments import lr_selection, protocol, sweeps
 from nodelm_lib.runs import records
 from nodelm_lib.reporting import tables
-from nodelm_lib.experiments.sweeps import arm_configs, check_protocol, select_lr, selected_lrs
+from nodelm_lib.experiments.lr_selection import select_lr
+from nodelm_lib.experiments.protocol import arm_configs, check_protocol, selected_lrs
 
 
 def tiny(**kw) -> nl.TrainConfig:
@@ -81,8 +82,8 @@ def test_rates_at_the_grid_edge_are_named_and_interior_ones_are_not():
                           "lr": [1e-3, 2e-3, 4e-3] * 3 + [1e-3],
                           "selected": [False, False, True, False, True, False, True, False, False, True]})
     # a: best at the top, c: at the bottom, b: inside, d: one rate only (no grid to widen)
-    assert sweeps.rates_at_grid_edge(table) == {"a": 4e-3, "c": 1e-3}
-    assert sweeps.rates_at_grid_edge(table[table["arm"] == "b"]) == {}
+    assert lr_selection.rates_at_grid_edge(table) == {"a": 4e-3, "c": 1e-3}
+    assert lr_selection.rates_at_grid_edge(table[table["arm"] == "b"]) == {}
 
 
 def test_compare_lr_rankings():
@@ -98,8 +99,8 @@ def test_compare_lr_rankings():
 
 def test_controls_and_presets():
     model = nl.ModelConfig(vocab_size=256, d_model=32, n_heads=4, n_layers=4)
-    arms = sweeps.architecture_arms(model, ["gpt", "node", "ti_ssm"], controls=["gpt_parallel", "ssm"],
-                                        presets={"node": "tong"})
+    arms = protocol.architecture_arms(model, ["gpt", "node", "ti_ssm"], controls=["gpt_parallel", "ssm"],
+                                      presets={"node": "tong"})
     assert arms["gpt_parallel"]["model"].arch == "gpt" and arms["gpt_parallel"]["model"].parallel
     assert not arms["gpt"]["model"].parallel
     ssm, ti_ssm = arms["ssm"]["model"], arms["ti_ssm"]["model"]
@@ -107,9 +108,9 @@ def test_controls_and_presets():
     node = arms["node"]["model"]
     assert (node.hyper_dim, node.time_features, node.time_hidden) == (64, 64, 64)
     with pytest.raises(ValueError, match="control 'rnn' is not valid; choose one of 'gpt_parallel', 'ssm'"):
-        sweeps.architecture_arms(model, ["gpt"], controls=["rnn"])
+        protocol.architecture_arms(model, ["gpt"], controls=["rnn"])
     with pytest.raises(ValueError, match="preset 'huge'"):
-        sweeps.architecture_arms(model, ["node"], presets={"node": "huge"})
+        protocol.architecture_arms(model, ["node"], presets={"node": "huge"})
 
 
 def test_tong_preset_is_the_51_5M_parameter_model_at_the_seed_scale():
@@ -168,5 +169,5 @@ def test_two_workers_store_the_records_one_process_computes(tmp_path):
 def test_the_committed_cpu_selection_chose_every_rate_inside_its_grid():
     # 02's cpu profile: a best rate at an edge of the grid would say the grid is too narrow there
     selection = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "seed_comparison_cpu_lr_selection.csv")
-    assert sweeps.rates_at_grid_edge(selection) == {}
+    assert lr_selection.rates_at_grid_edge(selection) == {}
     assert selection["arm"].nunique() == 8 and selection.groupby("arm")["lr"].nunique().min() >= 3

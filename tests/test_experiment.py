@@ -16,10 +16,10 @@ import torch
 
 import nodelm_lib as nl
 import nodelm_lib.runs.store as store_module
-from nodelm_lib.experiments import sweeps
+from nodelm_lib.experiments import protocol, sweeps
 from nodelm_lib.config import with_values
 from nodelm_lib.training.flops import forward_flops
-from nodelm_lib.experiments.sweeps import arm_configs, check_protocol
+from nodelm_lib.experiments.protocol import arm_configs, check_protocol
 from nodelm_lib.runs.records import record_row, time_to_target
 from nodelm_lib.runs.store import record_path
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
@@ -95,9 +95,9 @@ def test_selected_lrs_reads_a_selection_file(tmp_path):
 
     path = tmp_path / "seed_comparison_x_lr_selection.csv"
     pd.DataFrame({"arm": ["a", "a", "b"], "lr": [1e-3, 2e-3, 4e-3], "selected": [False, True, True]}).to_csv(path, index=False)
-    assert sweeps.selected_lrs(path) == sweeps.selected_lrs(str(path)) == {"a": 2e-3, "b": 4e-3}
+    assert protocol.selected_lrs(path) == protocol.selected_lrs(str(path)) == {"a": 2e-3, "b": 4e-3}
     with pytest.raises(FileNotFoundError, match=r"no learning-rate selection at .*missing.csv: run the notebook"):
-        sweeps.selected_lrs(tmp_path / "missing.csv")
+        protocol.selected_lrs(tmp_path / "missing.csv")
 
 
 def test_records_are_written_atomically(tmp_path, monkeypatch):
@@ -284,7 +284,7 @@ def test_with_values_sets_dotted_keys_and_whole_configs():
 
 def test_architecture_arms_add_a_parameter_matched_gpt():
     model = nl.ModelConfig(vocab_size=256, d_model=64, n_heads=4, n_layers=4)
-    arms = sweeps.architecture_arms(model, ["gpt", "ti_mlp"], match_to="ti_mlp")
+    arms = protocol.architecture_arms(model, ["gpt", "ti_mlp"], match_to="ti_mlp")
     assert list(arms) == ["gpt", "ti_mlp", "gpt_matched"]
     target = nl.count_params(arms["ti_mlp"]["model"])["non_embedding"]
     matched = arms["gpt_matched"]["model"]

@@ -16,8 +16,9 @@ import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from nodelm_lib.reporting import stats  # noqa: E402
-from nodelm_lib.reporting.plotting import (PALETTE, STYLE, axes_description, corpora_figure, plot_arm_metric,  # noqa: E402
-                                 plot_efficiency, save_figure)
+from nodelm_lib.reporting.figures import corpora_figure  # noqa: E402
+from nodelm_lib.reporting.plotting import plot_arm_metric, plot_efficiency  # noqa: E402
+from nodelm_lib.reporting.style import PALETTE, STYLE, axes_description, save_figure  # noqa: E402
 from nodelm_lib.reporting.tables import claims_table  # noqa: E402
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"

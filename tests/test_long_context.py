@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import nodelm_lib as nl
 from nodelm_lib.runs import store as run_store
 from nodelm_lib.experiments import long_context
-from nodelm_lib.reporting.plotting import axes_description, long_context_figure, position_bins
+from nodelm_lib.reporting.figures import long_context_figure, position_bins
+from nodelm_lib.reporting.style import axes_description
 from nodelm_lib.runs.store import checkpoint_path
 from nodelm_lib.training.evaluation import evaluate_split
 

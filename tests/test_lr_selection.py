@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 import nodelm_lib as nl
-from nodelm_lib.experiments import sweeps
+from nodelm_lib.experiments import lr_selection
 from nodelm_lib.runs import store
-from nodelm_lib.experiments.sweeps import LRSelectionWarning, refine_lr_grids, select_lr, selection_table
+from nodelm_lib.experiments.lr_selection import LRSelectionWarning, refine_lr_grids, select_lr, selection_table
 from test_comparison_protocol import tiny as tiny_protocol_config
 
 
@@ -93,12 +93,12 @@ def test_a_cliff_above_the_best_rate_adds_half_steps_on_both_sides_once():
 
 def test_per_arm_grids_are_checked():
     with pytest.raises(ValueError, match=r"lack arm\(s\) \['b'\]"):
-        sweeps.arm_grids(["a", "b"], {"a": [1e-3]})
+        lr_selection.arm_grids(["a", "b"], {"a": [1e-3]})
     with pytest.raises(ValueError, match="lrs is empty for arm 'a'"):
-        sweeps.arm_grids(["a"], {"a": []})
+        lr_selection.arm_grids(["a"], {"a": []})
     with pytest.raises(ValueError, match=r"learning rate\(s\) \[nan\] of arm 'a' are not valid"):
-        sweeps.arm_grids(["a"], [1e-3, float("nan")])
-    assert sweeps.arm_grids(["a", "b"], [2e-3, 1e-3, 2e-3]) == {"a": [1e-3, 2e-3], "b": [1e-3, 2e-3]}
+        lr_selection.arm_grids(["a"], [1e-3, float("nan")])
+    assert lr_selection.arm_grids(["a", "b"], [2e-3, 1e-3, 2e-3]) == {"a": [1e-3, 2e-3], "b": [1e-3, 2e-3]}
 
 
 def tiny(**kw) -> nl.TrainConfig:
@@ -122,8 +122,8 @@ def test_select_lr_trains_each_arm_rate_and_seed_once_and_refinement_reuses_the_
     # the refined search: "a" chose an edge, so its grid grows; "b" has one rate (no edge to grow)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LRSelectionWarning)
-        refined = sweeps.select_lr_refined(tiny(), arms, grids, [100, 101], max_refinements=1, reported_seeds=[0],
-                                               **options)
+        refined = lr_selection.select_lr_refined(tiny(), arms, grids, [100, 101], max_refinements=1,
+                                                 reported_seeds=[0], **options)
     assert refined.groupby("arm")["lr"].nunique().to_dict() == {"a": 3, "b": 1}
     assert len(list((tmp_path / "runs").glob("*.json"))) == 8
     with pytest.raises(ValueError, match="seed=0 is one of the reported seeds"):

@@ -6,7 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from nodelm_lib.reporting.plotting import LABEL_PLACES, label_points  # noqa: E402
+from nodelm_lib.reporting.style import LABEL_PLACES, label_points  # noqa: E402
 
 
 def boxes(fig, texts):
@@ -46,7 +46,7 @@ def test_save_figure_is_silent_about_a_slow_best_legend(tmp_path, monkeypatch):
 
     import matplotlib.legend
 
-    from nodelm_lib.reporting.plotting import save_figure
+    from nodelm_lib.reporting.style import save_figure
 
     ticks = itertools.count(step=2.0)
     # only legend.py's view of the clock: pytest's own timing keeps the real one
@@ -257,7 +257,8 @@ def ablation_runs():
 def test_steps_solver_figure_draws_loss_against_steps_and_nfe_and_time_per_solver(tmp_path):
     import numpy as np
 
-    from nodelm_lib.reporting.plotting import save_figure, steps_solver_figure
+    from nodelm_lib.reporting.figures import steps_solver_figure
+    from nodelm_lib.reporting.style import save_figure
 
     fig = steps_solver_figure(ablation_runs(), ["euler", "rk4"], title="ablation: x")
     steps_ax, nfe_ax, time_ax = fig.axes
@@ -284,7 +285,7 @@ def test_steps_solver_figure_draws_loss_against_steps_and_nfe_and_time_per_solve
 def test_steps_solver_arms_must_name_solver_and_steps():
     import pytest
 
-    from nodelm_lib.reporting.plotting import nfe_per_forward, steps_solver_arm, steps_solver_figure
+    from nodelm_lib.reporting.figures import nfe_per_forward, steps_solver_arm, steps_solver_figure
 
     assert steps_solver_arm("rk4 16") == ("rk4", 16)
     assert nfe_per_forward("rk4", 16) == 64 and nfe_per_forward("euler", 3) == 3
@@ -301,7 +302,7 @@ def test_ablation_differences_figure_draws_each_paired_difference_with_its_inter
     import pandas as pd
 
     from nodelm_lib.reporting import stats
-    from nodelm_lib.reporting.plotting import ablation_differences_figure
+    from nodelm_lib.reporting.figures import ablation_differences_figure
 
     runs = pd.DataFrame({"arm": ["time"] * 3 + ["constant"] * 3, "seed": [0, 1, 2] * 2,
                          "test_loss": [2.0, 2.1, 2.2, 2.1, 2.25, 2.3]})
@@ -327,7 +328,7 @@ def test_depth_curve_figure_has_a_panel_per_solver_and_a_line_per_trained_arm():
     import numpy as np
     import pandas as pd
 
-    from nodelm_lib.reporting.plotting import depth_curve_figure, depth_curve_means
+    from nodelm_lib.reporting.figures import depth_curve_figure, depth_curve_means
 
     rows = [{"arm": arm, "seed": s, "method": method, "n_steps": n, "nfe": n * (4 if method == "rk4" else 1),
              "trained_method": arm.split()[0], "trained_steps": 2,
@@ -360,7 +361,7 @@ def test_depth_curve_figure_has_a_panel_per_solver_and_a_line_per_trained_arm():
 def test_depth_transfer_figure_has_a_panel_per_arch_and_a_star_at_the_trained_depth():
     import pandas as pd
 
-    from nodelm_lib.reporting.plotting import depth_transfer_figure
+    from nodelm_lib.reporting.figures import depth_transfer_figure
 
     rows = [{"arm": arch, "to_steps": m, "variant": v, "n": 3, "mean": 2.0 + 0.1 * i, "ci_low": 1.9 + 0.1 * i,
              "ci_high": 2.1 + 0.1 * i}
@@ -385,7 +386,8 @@ def test_depth_transfer_figure_has_a_panel_per_arch_and_a_star_at_the_trained_de
 def test_decode_speed_figure_draws_a_pair_of_bars_per_arch(tmp_path):
     import pandas as pd
 
-    from nodelm_lib.reporting.plotting import decode_speed_figure, save_figure
+    from nodelm_lib.reporting.figures import decode_speed_figure
+    from nodelm_lib.reporting.style import save_figure
 
     speed = pd.DataFrame({"arch": ["gpt", "node", "ti_ssm"], "cached_tokens_per_s": [700.0, 500.0, 300.0],
                           "uncached_tokens_per_s": [300.0, 150.0, 90.0]})

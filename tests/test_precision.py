@@ -150,7 +150,7 @@ def test_every_arm_trains_under_bfloat16_autocast_close_to_float32(arm):
     selective scan once failed on CUDA: bf16 inputs into its float32 buffers) and agrees to bf16's
     precision. Autocast on the CPU emulates bf16 where it is not native: slow, same code path."""
     from nodelm_lib.config import for_arch
-    from nodelm_lib.experiments.sweeps import CONTROLS
+    from nodelm_lib.experiments.protocol import CONTROLS
 
     base = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=32, n_heads=4, n_layers=3, max_seq_len=32,
                           ssm_state_size=4)
@@ -185,7 +185,7 @@ def test_every_arm_traces_to_one_graph_for_torch_compile(arm):
     sizes took 205 s to compile on a CPU (over 10 minutes on an H100) and its compiled step ran
     2.6x slower than eager."""
     from nodelm_lib.config import for_arch
-    from nodelm_lib.experiments.sweeps import CONTROLS
+    from nodelm_lib.experiments.protocol import CONTROLS
     from nodelm_lib.models.scans import COMPILED_SCAN
     from nodelm_lib.models.ssm import SelectiveSSM
 

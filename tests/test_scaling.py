@@ -13,7 +13,7 @@ import yaml
 from scipy import optimize
 
 import nodelm_lib as nl
-from nodelm_lib.experiments import sweeps, scaling, sweep_time
+from nodelm_lib.experiments import protocol, scaling, sweep_time
 from nodelm_lib.reporting import stats, trends
 from nodelm_lib.training.record import RunRecord
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
@@ -213,8 +213,8 @@ def test_the_d128_cells_have_the_config_hashes_of_02s_committed_runs():
     centers = scaling.lr_centers(ROOT / "results" / "seed_comparison_cpu_lr_selection.csv", arms)
     runs_02 = pd.read_csv(ROOT / "results" / "seed_comparison_cpu_runs.csv")
     name_02 = {"node_tong": "node"}
-    for name, seed, tc in sweeps.sweep_configs(base, cells, [0, 1, 2],
-                                                   {c: centers[scaling.split_cell(c)[0]] for c in cells}):
+    for name, seed, tc in protocol.sweep_configs(base, cells, [0, 1, 2],
+                                                 {c: centers[scaling.split_cell(c)[0]] for c in cells}):
         arm = scaling.split_cell(name)[0]
         row = runs_02[(runs_02["arm"] == name_02.get(arm, arm)) & (runs_02["seed"] == seed)].iloc[0]
         assert with_tokenizer_vocab(tc).config_hash() == row["config_hash"], name
@@ -230,7 +230,7 @@ def test_reused_02_runs_are_read_not_retrained(tmp_path, monkeypatch):
                              max_steps=3, lr=1e-3, warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=3,
                              eval_batches=1, eval_on="batches", device="cpu", dtype="float32", compile=False,
                              progress=False)
-    arms_02 = sweeps.architecture_arms(model, ["gpt", "node"], controls=["ssm"], presets={"node": "tong"})
+    arms_02 = protocol.architecture_arms(model, ["gpt", "node"], controls=["ssm"], presets={"node": "tong"})
     rates = {"gpt": 4e-3, "node": 1e-3, "ssm": 2e-3}
     filled = nl.sweep(base_02, arms_02, [0, 1], lr_selection=rates, store=store, checkpoints=checkpoints,
                       isolate=False, progress=False)

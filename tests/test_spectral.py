@@ -435,16 +435,16 @@ def test_the_cpu_profile_analyses_02s_runs():
     04 reads them instead of training its own."""
     import yaml
 
-    from nodelm_lib.experiments import sweeps, scaling
+    from nodelm_lib.experiments import protocol, scaling
     from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
     root = Path(__file__).resolve().parents[1]
     p = yaml.safe_load((root / "params" / "04_spectral_lyapunov" / "cpu.yaml").read_text())
     base = scaling.base_config(**{k: p[k] for k in BASE_KEYS_02}, dtype=p["dtype"], compile_model=p["compile_model"],
                                d_model=p["d_model"])
-    arms = sweeps.architecture_arms(base.model, p["archs"], presets=p["presets"])
-    rates = sweeps.selected_lrs(root / "results" / p["lr_selection"])
-    configs = sweeps.sweep_configs(base, arms, p["seeds"], rates)
+    arms = protocol.architecture_arms(base.model, p["archs"], presets=p["presets"])
+    rates = protocol.selected_lrs(root / "results" / p["lr_selection"])
+    configs = protocol.sweep_configs(base, arms, p["seeds"], rates)
     assert p["seeds"] == [0, 1, 2] and p["archs"] == ["node", "ti_mlp"] and p["presets"] == {"node": "tong"}
     records = {r.config_hash: r for r in (nl.RunRecord.from_json(f) for f in (root / "results" / "runs" / "cpu").glob("*.json"))}
     for arm, seed, tc in configs:

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from nodelm_lib.reporting.plotting import use_style
+from nodelm_lib.reporting.style import use_style
 from .depth_trends import pooled_over_heads
 from .jacobian import JacobianSpectra
 from .lyapunov import TokenSensitivity, TokenSpectrum

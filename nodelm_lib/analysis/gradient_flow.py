@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from nodelm_lib.reporting.plotting import smooth, use_style
+from nodelm_lib.reporting.style import smooth, use_style
 from nodelm_lib.config import TrainConfig
 from nodelm_lib.training.record import RunRecord
 

@@ -28,7 +28,7 @@ from nodelm_lib.config import ModelConfig
 from nodelm_lib.models.common import ODEBlock
 from nodelm_lib.models.hybrid import HybridField
 from nodelm_lib.ode import ADAPTIVE_METHODS, SolverCounters, odeint
-from nodelm_lib.reporting.plotting import use_style
+from nodelm_lib.reporting.style import use_style
 from nodelm_lib.training.profiling import peak_memory_mb
 
 

@@ -1,5 +1,5 @@
-"""Experiments over many runs: arms and the comparison protocol, sweeps and learning-rate
-selection (``sweeps``), solver-depth ablations (``ablations``), the size sweep (``scaling``),
-long-context evaluation (``long_context``), n-gram reference losses (``ngram``), time and cost
-estimates (``estimate`` on a GPU, ``sweep_time`` from a store's step times) and the notebooks'
-parameter profiles (``profiles``)."""
+"""Experiments over many runs: arms and the comparison protocol (``protocol``), sweeps
+(``sweeps``), learning-rate selection (``lr_selection``), solver-depth ablations (``ablations``),
+the size sweep (``scaling``), long-context evaluation (``long_context``), n-gram reference losses
+(``ngram``), time and cost estimates (``estimate`` on a GPU, ``sweep_time`` from a store's step
+times) and the notebooks' parameter profiles (``profiles``)."""

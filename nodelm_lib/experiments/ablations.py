@@ -2,7 +2,7 @@
 fine-tuning at another depth.
 
 - ``ablation_arms``: the arms of each ablation of a ``ti_mlp`` (modulation, integration,
-  solver x steps, the ``ti_ssm`` state size), run with ``experiment.sweep``;
+  solver x steps, the ``ti_ssm`` state size), run with ``sweeps.sweep``;
 - ``depth_curve``: a trained continuous-depth model solved with other numbers of steps and
   other solvers than it was trained with (each point kept beside the run's record, so that a
   clone without the weights reads it back: ``store.write_evaluations``);
@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import torch
 
 from nodelm_lib.config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
-from .sweeps import _run_all, selected_lrs, sweep_configs, with_weights
+from .protocol import selected_lrs, sweep_configs
+from .sweeps import _run_all, with_weights
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, stored_record, write_evaluations)
 from nodelm_lib.training.record import RunRecord
 from nodelm_lib.training.evaluation import evaluate, final_eval_batches, with_tokenizer_vocab
@@ -88,7 +89,7 @@ def ablation_arms(model: ModelConfig, steps: Iterable[int] | Mapping[str, Iterab
 
 def inherited_lrs(arms: Mapping[str, Mapping[str, Any]], selection) -> dict[str, float]:
     """arm -> learning rate: every arm at the rate selected for its architecture (``selection``:
-    ``experiment.select_lr``'s table or a mapping arch -> rate), e.g. every ``ti_mlp`` variant
+    ``lr_selection.select_lr``'s table or a mapping arch -> rate), e.g. every ``ti_mlp`` variant
     at ``ti_mlp``'s rate. Pass it to ``sweep(lr_selection=...)``."""
     chosen = selected_lrs(selection)
     rates = {}

@@ -10,7 +10,7 @@ protocol, with fitted trends and iso-parameter / iso-FLOP comparisons to ``gpt``
   control; ``node`` with the library's default (small) hypernetwork, whose parameter count is near
   ``gpt``'s; ``node_tong``, ``node`` with Tong et al.'s hypernetwork sizes (02's ``node``).
 - **Learning rates** (``lr_grids``): per cell, the arm's 02 choice x ``lr_factors`` (1/2, 1, 2),
-  searched by ``experiment.select_lr_refined`` (grown at an edge or beside a cliff).
+  searched by ``lr_selection.select_lr_refined`` (grown at an edge or beside a cliff).
 - **Trends** (``trends.py``): per arm, test loss against non-embedding parameters and against
   training FLOPs, a saturating power law or, where the points cannot carry it, a log-linear line;
   intervals from a bootstrap over seeds (``analyse``).
@@ -34,7 +34,8 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from . import sweeps as experiment
+from .lr_selection import rates_at_grid_edge, selection_grids
+from .protocol import architecture_arms, selected_lrs, sweep_configs
 from nodelm_lib.reporting import stats, trends
 from nodelm_lib.config import ModelConfig, ODEConfig, TrainConfig
 from nodelm_lib.data import get_tokenizer
@@ -42,7 +43,7 @@ from nodelm_lib.runs.store import finished_record
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
 ARMS = ("gpt", "hybrid", "node", "node_tong", "ti_mlp", "ti_ssm", "ssm")
-# how each arm is made by experiment.architecture_arms, as notebook 02 makes it: (archs, controls,
+# how each arm is made by protocol.architecture_arms, as notebook 02 makes it: (archs, controls,
 # presets, the name architecture_arms gives it)
 _ARM_RECIPES = {
     "node_tong": (["node"], [], {"node": "tong"}, "node"),
@@ -83,7 +84,7 @@ def arm_model(model: ModelConfig, arm: str) -> ModelConfig:
     if arm not in ARMS:
         raise ValueError(f"arm {arm!r} is not valid; choose one of {', '.join(map(repr, ARMS))}")
     archs, controls, presets, name = _ARM_RECIPES.get(arm, ([arm], [], {}, arm))
-    return experiment.architecture_arms(model, archs, controls=controls, presets=presets)[name]["model"]
+    return architecture_arms(model, archs, controls=controls, presets=presets)[name]["model"]
 
 
 def cell_name(arm: str, width: int) -> str:
@@ -131,7 +132,7 @@ def lr_centers(source, arms: Iterable[str]) -> dict[str, float]:
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: run notebook 02 with the same profile first, or give "
                                     "lr_centers as a mapping arm -> rate")
-        chosen = experiment.selected_lrs(pd.read_csv(path))
+        chosen = selected_lrs(pd.read_csv(path))
         names = {a: LR_CENTER_ARM_02.get(a, a) for a in arms}
     missing = sorted(a for a in arms if names[a] not in chosen)
     if missing:
@@ -159,7 +160,7 @@ def selection_summary(selection: pd.DataFrame) -> pd.DataFrame:
     its mean validation loss over the selection seeds, the margin to the runner-up (with the SD of
     that difference over seeds, NaN with one seed) and whether the choice is an edge of its grid
     (its best may lie beyond: ``lr_refinements`` grows such grids)."""
-    grids, edges = experiment.selection_grids(selection), experiment.rates_at_grid_edge(selection)
+    grids, edges = selection_grids(selection), rates_at_grid_edge(selection)
     chosen = selection[selection["selected"].astype(bool)]
     rows = [{"cell": row["arm"], "rates": " ".join(f"{lr:g}" for lr in grids[row["arm"]]), "lr": row["lr"],
              "val_loss": row["val_loss"], "margin": row.get("margin", math.nan),
@@ -188,7 +189,7 @@ def stored_runs(base: TrainConfig, cells: dict, seeds: Iterable[int], lr_selecti
     (its finished record is in ``store`` already, so the sweep reads it instead of training it).
     Called before ``nl.sweep``, it says which runs 02 (or an earlier sweep) has already made."""
     rows = []
-    for name, seed, tc in experiment.sweep_configs(base, cells, seeds, lr_selection):
+    for name, seed, tc in sweep_configs(base, cells, seeds, lr_selection):
         rows.append({"arm": name, "seed": seed, "config_hash": with_tokenizer_vocab(tc).config_hash(),
                      "stored": finished_record(tc, store) is not None})
     return with_cells(pd.DataFrame(rows))

@@ -343,7 +343,7 @@ def as_launcher(launcher, checkpoints: str | Path) -> Launcher:
 
 def run_all(configs: list[TrainConfig], store, checkpoints, launcher, need_checkpoint: bool, progress: bool,
             labels: list[str], wait: bool = True) -> list:
-    """``experiment._run_all`` through a launcher: the records (None for a run not finished when
+    """``sweeps._run_all`` through a launcher: the records (None for a run not finished when
     ``wait=False``), in the order of ``configs``."""
     from .store import finished_record
 
