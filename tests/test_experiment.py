@@ -21,7 +21,7 @@ from nodelm_lib.config import with_values
 from nodelm_lib.training.flops import forward_flops
 from nodelm_lib.experiments.protocol import arm_configs, check_protocol
 from nodelm_lib.runs.records import record_row, time_to_target
-from nodelm_lib.runs.store import record_path
+from nodelm_lib.runs.store import record_path, run_hash
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,7 +138,7 @@ def test_a_killed_sweep_resumes_to_identical_records(tmp_path):
     script = SWEEP_SCRIPT.format(tests=str(REPO / "tests"), steps=steps, store=str(store), ckpt=str(ckpt))
     child = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, start_new_session=True)
     hybrid_cfg = arm_configs(tiny(max_steps=steps, eval_interval=100), ARMS, [0])[1][2]
-    hybrid_ckpt = ckpt / with_tokenizer_vocab(hybrid_cfg).config_hash() / "checkpoint.pt"
+    hybrid_ckpt = ckpt / run_hash(hybrid_cfg) / "checkpoint.pt"
     deadline = time.time() + 300
     while not hybrid_ckpt.exists():  # the first arm is done and the second one is under way
         assert child.poll() is None, "the sweep finished before it could be killed; make the runs longer"
@@ -189,7 +189,6 @@ def test_every_arm_of_a_seed_sees_the_same_batches(monkeypatch):
 
 def _fake_record(tc: nl.TrainConfig, seconds_per_step: float, steps: int = 10) -> nl.RunRecord:
     from nodelm_lib.config import to_dict
-    from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
     tc = with_tokenizer_vocab(tc)
     return nl.RunRecord(config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
@@ -398,7 +397,7 @@ def test_an_isolated_run_stops_when_its_sweep_is_killed(tmp_path):
     the dead sweep's claim and train the same hash a second time beside the orphan."""
     store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
     long_run = tiny(max_steps=10**6, eval_interval=10**5)
-    config_file = ckpt / with_tokenizer_vocab(long_run).config_hash() / "config.json"
+    config_file = ckpt / run_hash(long_run) / "config.json"
     script = ORPHAN_SCRIPT.format(tests=str(REPO / "tests"), store=str(store), ckpt=str(ckpt))
     sweep = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
     children = []

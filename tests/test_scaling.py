@@ -16,6 +16,7 @@ import nodelm_lib as nl
 from nodelm_lib.experiments import protocol, scaling, sweep_time
 from nodelm_lib.reporting import stats, trends
 from nodelm_lib.training.record import RunRecord
+from nodelm_lib.runs.store import run_hash
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,7 +218,7 @@ def test_the_d128_cells_have_the_config_hashes_of_02s_committed_runs():
                                                  {c: centers[scaling.split_cell(c)[0]] for c in cells}):
         arm = scaling.split_cell(name)[0]
         row = runs_02[(runs_02["arm"] == name_02.get(arm, arm)) & (runs_02["seed"] == seed)].iloc[0]
-        assert with_tokenizer_vocab(tc).config_hash() == row["config_hash"], name
+        assert run_hash(tc) == row["config_hash"], name
         assert (ROOT / "results" / "runs" / "cpu" / f"{row['config_hash']}.json").exists()
 
 

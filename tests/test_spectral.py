@@ -25,6 +25,7 @@ from nodelm_lib.analysis import dynamics_report as dr
 from nodelm_lib.analysis import jacobian as jc
 from nodelm_lib.analysis import spectral as sp
 from nodelm_lib.nn.layers import causal_attention
+from nodelm_lib.runs.store import run_hash
 
 D, H, N_STEPS = 16, 2, 3
 
@@ -436,7 +437,6 @@ def test_the_cpu_profile_analyses_02s_runs():
     import yaml
 
     from nodelm_lib.experiments import protocol, scaling
-    from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
     root = Path(__file__).resolve().parents[1]
     p = yaml.safe_load((root / "params" / "04_spectral_lyapunov" / "cpu.yaml").read_text())
@@ -448,7 +448,7 @@ def test_the_cpu_profile_analyses_02s_runs():
     assert p["seeds"] == [0, 1, 2] and p["archs"] == ["node", "ti_mlp"] and p["presets"] == {"node": "tong"}
     records = {r.config_hash: r for r in (nl.RunRecord.from_json(f) for f in (root / "results" / "runs" / "cpu").glob("*.json"))}
     for arm, seed, tc in configs:
-        record = records.get(with_tokenizer_vocab(tc).config_hash())
+        record = records.get(run_hash(tc))
         assert record is not None, f"{arm} seed {seed}: no record of 02 with its hash"
         assert (record.train_config.model.arch, record.seed, record.train_config.lr) == (arm, seed, rates[arm])
         assert record.status == "completed" and record.train_config.max_steps == 2000

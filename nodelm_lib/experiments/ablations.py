@@ -26,7 +26,7 @@ import torch
 
 from nodelm_lib.config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
 from .protocol import selected_lrs, sweep_configs
-from .sweeps import _run_all, with_weights
+from .sweeps import _run_all, with_weights, with_weights_where_missing
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, stored_record, write_evaluations)
 from nodelm_lib.training.record import RunRecord
 from nodelm_lib.training.evaluation import evaluate, final_eval_batches, with_tokenizer_vocab
@@ -186,13 +186,11 @@ def depth_curves(models: Iterable[tuple[str, RunRecord]], eval_steps: Iterable[i
     import pandas as pd
 
     eval_steps, splits = list(eval_steps), list(splits)
-    arms, records = zip(*models)
-    needy = [i for i, record in enumerate(records)
-             if depth_curve_missing(record, eval_steps, methods, splits, max_batches, store)
-             and not checkpoint_path(record.config_hash, checkpoints).exists()]
-    records = with_weights(list(records), needy, [r.train_config for r in records],
-                           [f"{arm} seed {r.seed}" for arm, r in zip(arms, records)], store, checkpoints, isolate,
-                           workers, progress, launcher)
+    models = list(models)
+    arms = [arm for arm, _ in models]
+    records = with_weights_where_missing(
+        models, lambda r: depth_curve_missing(r, eval_steps, methods, splits, max_batches, store),
+        store, checkpoints, isolate, workers, progress, launcher)
     return pd.concat([depth_curve(record, eval_steps, methods, checkpoints, device, splits, max_batches, store)
                       .assign(arm=arm) for arm, record in zip(arms, records)], ignore_index=True)
 

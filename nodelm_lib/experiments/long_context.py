@@ -106,16 +106,13 @@ def arm_position_curves(models: Iterable[tuple[str, RunRecord]], windows: Iterab
     (``need_checkpoint``: deterministic, so on the same kind of CPU to the same numbers)."""
     import pandas as pd
 
-    from .sweeps import with_weights
+    from .sweeps import with_weights_where_missing
 
     windows = [int(w) for w in windows]
-    arms, records = zip(*models)
-    needy = [i for i, record in enumerate(records)
-             if positions_missing(record, windows, split, max_windows, store)
-             and not checkpoint_path(record.config_hash, checkpoints).exists()]
-    records = with_weights(list(records), needy, [r.train_config for r in records],
-                           [f"{arm} seed {r.seed}" for arm, r in zip(arms, records)], store, checkpoints, isolate,
-                           workers, progress, launcher)
+    models = list(models)
+    arms = [arm for arm, _ in models]
+    records = with_weights_where_missing(models, lambda r: positions_missing(r, windows, split, max_windows, store),
+                                         store, checkpoints, isolate, workers, progress, launcher)
     return pd.concat([position_curves(record, windows, split, max_windows, store, checkpoints, device, batch_size)
                       .assign(arm=arm) for arm, record in zip(arms, records)], ignore_index=True)
 

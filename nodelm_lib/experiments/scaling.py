@@ -39,8 +39,7 @@ from .protocol import architecture_arms, selected_lrs, sweep_configs
 from nodelm_lib.reporting import stats, trends
 from nodelm_lib.config import ModelConfig, ODEConfig, TrainConfig
 from nodelm_lib.data import get_tokenizer
-from nodelm_lib.runs.store import finished_record
-from nodelm_lib.training.evaluation import with_tokenizer_vocab
+from nodelm_lib.runs.store import finished_record, run_hash
 
 ARMS = ("gpt", "hybrid", "node", "node_tong", "ti_mlp", "ti_ssm", "ssm")
 # how each arm is made by protocol.architecture_arms, as notebook 02 makes it: (archs, controls,
@@ -190,7 +189,7 @@ def stored_runs(base: TrainConfig, cells: dict, seeds: Iterable[int], lr_selecti
     Called before ``nl.sweep``, it says which runs 02 (or an earlier sweep) has already made."""
     rows = []
     for name, seed, tc in sweep_configs(base, cells, seeds, lr_selection):
-        rows.append({"arm": name, "seed": seed, "config_hash": with_tokenizer_vocab(tc).config_hash(),
+        rows.append({"arm": name, "seed": seed, "config_hash": run_hash(tc),
                      "stored": finished_record(tc, store) is not None})
     return with_cells(pd.DataFrame(rows))
 

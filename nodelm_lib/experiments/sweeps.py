@@ -14,7 +14,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 from tqdm import tqdm
@@ -23,7 +23,7 @@ from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.runs import claims
 from nodelm_lib.runs.records import record_row
 from nodelm_lib.training.flops import training_flops
-from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records, run, stored_record)
+from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records, run, run_hash, stored_record)
 from nodelm_lib.training.record import RunRecord
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
@@ -79,6 +79,19 @@ def with_weights(records: list[RunRecord], needy: list[int], configs: list[Train
     return records
 
 
+def with_weights_where_missing(models: Iterable[tuple[str, RunRecord]], missing: Callable[[RunRecord], bool],
+                               store, checkpoints, isolate, workers, progress, launcher) -> list[RunRecord]:
+    """The records of ``models`` ((arm name, record) pairs), each run whose evaluation is not
+    stored (``missing(record)``) and whose final model is not on disk first run again
+    (``with_weights``): what an evaluation of final models needs in a clone without the weights."""
+    arms, records = zip(*models)
+    needy = [i for i, record in enumerate(records)
+             if missing(record) and not checkpoint_path(record.config_hash, checkpoints).exists()]
+    return with_weights(list(records), needy, [r.train_config for r in records],
+                        [f"{arm} seed {r.seed}" for arm, r in zip(arms, records)], store, checkpoints, isolate,
+                        workers, progress, launcher)
+
+
 def final_models(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection=None,
                  store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True,
                  workers: int = 1, progress: bool = True, device: str = "cpu") -> tuple[pd.DataFrame, dict]:
@@ -123,7 +136,7 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
         bar.close()
         return records
     threads = max(1, (os.cpu_count() or 1) // workers)
-    hashes = [with_tokenizer_vocab(tc).config_hash() for tc in configs]
+    hashes = [run_hash(tc) for tc in configs]
     unique = dict(zip(hashes, configs))
     to_train = {h: tc for h, tc in unique.items() if finished_record(tc, store, checkpoints, need_checkpoint) is None}
     cost = dict(zip(to_train, expected_seconds(list(to_train.values()), store))) if to_train else {}
@@ -220,7 +233,7 @@ def collect(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[
         if record is not None:
             rows.append(record_row(record, arm=name))
             continue
-        config_hash = with_tokenizer_vocab(tc).config_hash()
+        config_hash = run_hash(tc)
         holder = claims.read_claim(store, config_hash)
         live = holder is not None and not claims.is_stale(holder)
         rows.append({"arm": name, "seed": seed, "arch": tc.model.arch, "config_hash": config_hash,

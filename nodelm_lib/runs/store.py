@@ -44,9 +44,15 @@ def record_path(store: str | Path, config_hash: str) -> Path:
     return Path(store) / f"{config_hash}.json"
 
 
+def run_hash(tc: TrainConfig) -> str:
+    """The hash a run of ``tc`` is stored under: its config's, with the tokenizer's vocabulary
+    size filled in (as the run records it)."""
+    return with_tokenizer_vocab(tc).config_hash()
+
+
 def stored_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE) -> RunRecord | None:
     """The finished (completed or failed) record of ``tc`` in ``store``, or None."""
-    path = record_path(store, with_tokenizer_vocab(tc).config_hash())
+    path = record_path(store, run_hash(tc))
     if not path.exists():
         return None
     record = read_record(path)
