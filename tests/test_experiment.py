@@ -357,7 +357,7 @@ def test_a_stored_record_counted_at_one_sequence_is_counted_again_at_its_batch(t
 def test_report_table_shows_mean_ci_and_the_paired_comparison():
     import pandas as pd
 
-    from nodelm_lib.reporting import stats, tables
+    from nodelm_lib.reporting import comparisons, tables
 
     runs = pd.DataFrame({"arm": ["a"] * 3 + ["b"] * 3, "seed": [0, 1, 2] * 2,
                          "test_loss": [2.0, 2.1, 2.2, 1.5, 1.61, 1.69], "params": [100] * 3 + [50] * 3})
@@ -366,7 +366,7 @@ def test_report_table_shows_mean_ci_and_the_paired_comparison():
     assert table.loc["a", "test loss"] == "2.100 ± 0.248"  # t_{0.975,2} * 0.1 / sqrt(3)
     assert table.loc["b", "params"] == "50"  # the same for every seed: no interval
     assert table.loc["a", "Δ test loss vs a"] == "–" and table.loc["b", "Δ test loss vs a"].startswith("-0.5 ± ")
-    expected = stats.compare_arms(runs, "test_loss", "a").iloc[0]
+    expected = comparisons.compare_arms(runs, "test_loss", "a").iloc[0]
     assert table.loc["b", "p (paired t, Holm)"] == f"{expected['p_t_holm']:.3g}"
 
 

@@ -15,7 +15,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from nodelm_lib.reporting import stats  # noqa: E402
+from nodelm_lib.reporting import comparisons  # noqa: E402
 from nodelm_lib.reporting.figures import corpora_figure  # noqa: E402
 from nodelm_lib.reporting.plotting import plot_arm_metric, plot_efficiency  # noqa: E402
 from nodelm_lib.reporting.style import PALETTE, STYLE, axes_description, save_figure  # noqa: E402
@@ -81,7 +81,7 @@ def test_the_corpora_figure_draws_each_corpus_difference_and_bits_per_char():
     corpora = {}
     for name, shift in (("cpu", 0.0), ("cpu_wikitext2", 0.3)):
         runs = runs_frame({"gpt": shift, "node": shift + 0.02, "ti_mlp": shift + 0.1})
-        tests = stats.holm_family({"vs gpt": stats.compare_arms(runs, "test_loss", "gpt", equivalence_margin=0.02)})
+        tests = comparisons.holm_family({"vs gpt": comparisons.compare_arms(runs, "test_loss", "gpt", equivalence_margin=0.02)})
         corpora[name] = (runs, tests)
     fig = corpora_figure(corpora, "gpt", order)
     diff_ax, loss_ax = fig.axes

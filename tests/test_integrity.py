@@ -18,7 +18,7 @@ import nodelm_lib as nl
 from nodelm_lib.runs import store as run_store
 from nodelm_lib.runs import claims
 from nodelm_lib import data
-from nodelm_lib.reporting import stats
+from nodelm_lib.reporting import comparisons
 from nodelm_lib.cli import main as cli_main
 from nodelm_lib.training.integrity import CheckpointError, RecordError, check_store, quarantine
 from nodelm_lib.runs.records import record_row
@@ -106,11 +106,11 @@ def test_tables_refuse_two_rows_of_one_arm_and_seed(store):
     runs = pd.DataFrame([record_row(r, arm="gpt") for r in records])
     message = rf"arm 'gpt' has more than one run for seeds \[1\] \(runs {path_of(store, 1).stem}, "
     with pytest.raises(ValueError, match=message):
-        stats.summary_table(runs, ["test_loss"])
+        comparisons.summary_table(runs, ["test_loss"])
     runs = pd.concat([runs, runs.assign(arm="other")])
     with pytest.raises(ValueError, match=message):
-        stats.compare_arms(runs, "test_loss", reference="gpt")
-    assert stats.summary_table(runs.drop_duplicates(["arm", "seed"]), ["test_loss"])["n"].tolist() == [2, 2]
+        comparisons.compare_arms(runs, "test_loss", reference="gpt")
+    assert comparisons.summary_table(runs.drop_duplicates(["arm", "seed"]), ["test_loss"])["n"].tolist() == [2, 2]
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -301,12 +301,12 @@ def test_ablation_differences_figure_draws_each_paired_difference_with_its_inter
     import numpy as np
     import pandas as pd
 
-    from nodelm_lib.reporting import stats
+    from nodelm_lib.reporting import comparisons
     from nodelm_lib.reporting.figures import ablation_differences_figure
 
     runs = pd.DataFrame({"arm": ["time"] * 3 + ["constant"] * 3, "seed": [0, 1, 2] * 2,
                          "test_loss": [2.0, 2.1, 2.2, 2.1, 2.25, 2.3]})
-    tests = {"modulation": stats.compare_arms(runs, "test_loss", "time")}
+    tests = {"modulation": comparisons.compare_arms(runs, "test_loss", "time")}
     fig = ablation_differences_figure(tests, title="t")
     (ax,) = fig.axes
     assert [t.get_text().split("\n")[0] for t in ax.get_yticklabels()] == ["modulation: constant − time"]

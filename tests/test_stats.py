@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import scipy.stats as ss
 
+from nodelm_lib.reporting import comparisons
 from nodelm_lib.reporting import stats as st
 
 
@@ -241,8 +242,8 @@ def _synthetic_runs(seeds=range(8)):
 
 def test_compare_arms_verdicts():
     df = _synthetic_runs()
-    out = st.compare_arms(df, "val_loss", reference="baseline")
-    assert list(out.columns) == st.COMPARE_COLUMNS
+    out = comparisons.compare_arms(df, "val_loss", reference="baseline")
+    assert list(out.columns) == comparisons.COMPARE_COLUMNS
     assert list(out["arm"]) == ["ode", "worse", "noise"]
     verdict = dict(zip(out["arm"], out["verdict"]))
     assert verdict == {"ode": "better", "worse": "worse", "noise": "no significant difference"}
@@ -254,15 +255,15 @@ def test_compare_arms_verdicts():
     ref = df[df.arm == "baseline"].sort_values("seed")["val_loss"].to_numpy()
     assert out.loc[0, "p_t"] == pytest.approx(ss.ttest_rel(ode, ref).pvalue)
     # higher_is_better flips the direction (e.g. accuracy)
-    flipped = st.compare_arms(df, "val_loss", reference="baseline", higher_is_better=True)
+    flipped = comparisons.compare_arms(df, "val_loss", reference="baseline", higher_is_better=True)
     assert list(flipped["verdict"][:2]) == ["worse", "better"]
 
 
 def test_compare_arms_pairs_by_seed_not_row_order():
     df = _synthetic_runs()
     shuffled = df.sample(frac=1.0, random_state=3)
-    a = st.compare_arms(df, "val_loss", reference="baseline").set_index("arm")
-    b = st.compare_arms(shuffled, "val_loss", reference="baseline").set_index("arm")
+    a = comparisons.compare_arms(df, "val_loss", reference="baseline").set_index("arm")
+    b = comparisons.compare_arms(shuffled, "val_loss", reference="baseline").set_index("arm")
     pd.testing.assert_frame_equal(a.loc[["ode", "worse", "noise"]], b.loc[["ode", "worse", "noise"]])
 
 
@@ -270,27 +271,27 @@ def test_compare_arms_missing_seeds():
     df = _synthetic_runs()
     df = df[~((df.arm == "ode") & df.seed.isin([2, 5]))]
     with pytest.raises(ValueError, match=r"missing from 'ode': \[2, 5\]"):
-        st.compare_arms(df, "val_loss", reference="baseline")
-    out = st.compare_arms(df, "val_loss", reference="baseline", allow_missing=True)
+        comparisons.compare_arms(df, "val_loss", reference="baseline")
+    out = comparisons.compare_arms(df, "val_loss", reference="baseline", allow_missing=True)
     assert dict(zip(out["arm"], out["n"])) == {"ode": 6, "worse": 8, "noise": 8}
     # a NaN metric (diverged run) counts as a missing seed
     df2 = _synthetic_runs()
     df2.loc[(df2.arm == "noise") & (df2.seed == 7), "val_loss"] = np.nan
     with pytest.raises(ValueError, match=r"missing from 'noise': \[7\]"):
-        st.compare_arms(df2, "val_loss", reference="baseline")
+        comparisons.compare_arms(df2, "val_loss", reference="baseline")
 
 
 def test_compare_arms_errors():
     df = _synthetic_runs()
     with pytest.raises(ValueError, match=r"unknown reference arm 'base'; valid arms are \['baseline', 'ode'"):
-        st.compare_arms(df, "val_loss", reference="base")
+        comparisons.compare_arms(df, "val_loss", reference="base")
     with pytest.raises(ValueError, match=r"columns \['test_loss'\] not in the data frame"):
-        st.compare_arms(df, "test_loss", reference="baseline")
+        comparisons.compare_arms(df, "test_loss", reference="baseline")
     dup = pd.concat([df, df.iloc[[1]]])
     with pytest.raises(ValueError, match=r"arm 'ode' has more than one run for seeds \[0\]"):
-        st.compare_arms(dup, "val_loss", reference="baseline")
+        comparisons.compare_arms(dup, "val_loss", reference="baseline")
     with pytest.raises(ValueError, match="only arm"):
-        st.compare_arms(df[df.arm == "baseline"], "val_loss", reference="baseline")
+        comparisons.compare_arms(df[df.arm == "baseline"], "val_loss", reference="baseline")
 
 
 # --------------------------------------------------------------------------- summary
@@ -299,7 +300,7 @@ def test_compare_arms_errors():
 def test_summary_table():
     df = _synthetic_runs(seeds=range(5))
     df["tokens_per_s"] = 1000.0 + df["seed"]
-    out = st.summary_table(df, ["val_loss", "tokens_per_s"], order=["ode", "baseline"])
+    out = comparisons.summary_table(df, ["val_loss", "tokens_per_s"], order=["ode", "baseline"])
     assert list(out["arm"]) == ["ode", "baseline"]
     assert list(out.columns) == [
         "arm", "n", "val_loss_mean", "val_loss_ci", "val_loss_sd",
@@ -310,16 +311,16 @@ def test_summary_table():
     assert out.loc[0, "val_loss_ci"] == pytest.approx(r["ci_half"])
     assert out.loc[0, "val_loss_sd"] == pytest.approx(r["sd"])
     assert (out["n"] == 5).all()
-    default = st.summary_table(df, "val_loss")
+    default = comparisons.summary_table(df, "val_loss")
     assert list(default["arm"]) == ["baseline", "ode", "worse", "noise"]
     with pytest.raises(ValueError, match=r"unknown arms \['rnn'\] in order; valid arms are"):
-        st.summary_table(df, ["val_loss"], order=["rnn"])
+        comparisons.summary_table(df, ["val_loss"], order=["rnn"])
 
 
 def test_summary_table_reports_per_metric_n_when_nans_dropped():
     df = _synthetic_runs(seeds=range(4))
     df.loc[(df.arm == "ode") & (df.seed == 0), "val_loss"] = np.nan
-    out = st.summary_table(df, ["val_loss"]).set_index("arm")
+    out = comparisons.summary_table(df, ["val_loss"]).set_index("arm")
     assert out.loc["ode", "n"] == 4 and out.loc["ode", "val_loss_n"] == 3
 
 
@@ -370,13 +371,13 @@ def test_compare_arms_with_a_margin_says_equivalent_or_not_resolved():
     rows += [{"arm": "same", "seed": s, "loss": 2.0 + 0.01 * s + d} for s, d in zip(seeds, [0.001, -0.001, 0.002, 0, 0.001])]
     rows += [{"arm": "noisy", "seed": s, "loss": 2.0 + 0.01 * s + d} for s, d in zip(seeds, [0.05, -0.04, 0.03, -0.05, 0.02])]
     rows += [{"arm": "worse", "seed": s, "loss": 2.3 + 0.01 * s + 0.001 * s * s} for s in seeds]
-    out = st.compare_arms(pd.DataFrame(rows), "loss", "ref", equivalence_margin=0.02).set_index("arm")
+    out = comparisons.compare_arms(pd.DataFrame(rows), "loss", "ref", equivalence_margin=0.02).set_index("arm")
     assert out.loc["same", "verdict"] == "equivalent (±0.02)"
     assert out.loc["noisy", "verdict"] == "not resolved at 5 seeds"
     assert out.loc["worse", "verdict"] == "worse"
     assert out["p_tost_holm"].tolist() == pytest.approx(st.holm(out["p_tost"]).tolist())
     # without a margin the old verdicts and columns
-    plain = st.compare_arms(pd.DataFrame(rows), "loss", "ref")
+    plain = comparisons.compare_arms(pd.DataFrame(rows), "loss", "ref")
     assert "p_tost" not in plain.columns and set(plain["verdict"]) == {"no significant difference", "worse"}
 
 
@@ -384,9 +385,9 @@ def test_holm_family_adjusts_over_every_table_at_once():
     t1 = pd.DataFrame({"arm": ["a"], "reference": "r", "n": 5, "mean_diff": [0.1], "p_t": [0.03], "p_wilcoxon": [0.06]})
     t2 = pd.DataFrame({"arm": ["b", "c"], "reference": "r", "n": 5, "mean_diff": [0.1, -0.1], "p_t": [0.01, 0.04],
                        "p_wilcoxon": [0.06, 0.06]})
-    fam = st.holm_family({"one": t1, "two": t2})
+    fam = comparisons.holm_family({"one": t1, "two": t2})
     assert fam["family"].tolist() == ["one", "two", "two"]
     assert fam["p_t_holm"].tolist() == pytest.approx([0.06, 0.03, 0.06])
     # alone, table one's p of 0.03 would be "worse"; in the family of three it is not
-    assert st.with_verdicts(t1)["verdict"].tolist() == ["worse"]
+    assert comparisons.with_verdicts(t1)["verdict"].tolist() == ["worse"]
     assert fam["verdict"].tolist() == ["no significant difference", "worse", "no significant difference"]

@@ -388,8 +388,8 @@ def transfer_summary(table: "pd.DataFrame", metric: str = "test_loss", confidenc
 
 def transfer_tests(summary: "pd.DataFrame") -> "pd.DataFrame":
     """``transfer_summary``'s paired comparisons (fine-tuned at m minus each other variant) as rows
-    of ``stats.compare_arms``' shape (arm "<arch> fine-tuned m=<m>", reference the variant), so that
-    ``stats.holm_family`` can adjust them together with a notebook's other comparisons. The
+    of ``comparisons.compare_arms``' shape (arm "<arch> fine-tuned m=<m>", reference the variant), so that
+    ``comparisons.holm_family`` can adjust them together with a notebook's other comparisons. The
     Wilcoxon p is not computed for them (NaN: Holm leaves it out)."""
     import pandas as pd
 

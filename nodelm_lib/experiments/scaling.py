@@ -17,7 +17,7 @@ protocol, with fitted trends and iso-parameter / iso-FLOP comparisons to ``gpt``
 - **Iso comparisons** (``iso_table``): at every width, each arm's fitted loss at ``gpt``'s
   parameter count and at ``gpt``'s training FLOPs, minus ``gpt``'s. Read-offs outside an arm's
   fitted range are marked as extrapolations and get no test; the others are tested per seed
-  (``stats.compare_arms`` with an equivalence margin fixed in the params file, Holm over all of
+  (``comparisons.compare_arms`` with an equivalence margin fixed in the params file, Holm over all of
   them): "equivalent (±m)" only where TOST says so, else "not resolved at n seeds".
 
 The sweep's time estimate is ``sweep_time.py``'s; its display tables and figures are
@@ -36,7 +36,7 @@ import pandas as pd
 
 from .lr_selection import rates_at_grid_edge, selection_grids
 from .protocol import architecture_arms, selected_lrs, sweep_configs
-from nodelm_lib.reporting import stats, trends
+from nodelm_lib.reporting import comparisons, stats, trends
 from nodelm_lib.config import ModelConfig, ODEConfig, TrainConfig
 from nodelm_lib.data import get_tokenizer
 from nodelm_lib.runs.store import finished_record, run_hash
@@ -175,7 +175,7 @@ def selection_summary(selection: pd.DataFrame) -> pd.DataFrame:
 def with_cells(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` (a sweep's or a selection's table, whose ``arm`` column holds cell names) with
     ``cell`` (the name), ``arm`` and ``width`` columns first."""
-    stats.require_columns(df, ["arm"])
+    comparisons.require_columns(df, ["arm"])
     split = [split_cell(c) for c in df["arm"]]
     out = df.rename(columns={"arm": "cell"})
     out.insert(1, "arm", [a for a, _ in split])
@@ -198,7 +198,7 @@ def cells_table(points: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     """One row per cell (arm-major, widths ascending): seeds, lr, non-embedding parameters,
     training FLOPs, and the mean and t-based CI half width over seeds of the validation and test
     losses and ms/step."""
-    stats.require_columns(points, ["cell", "arm", "width", "seed", "lr", "params_non_embedding", "train_flops",
+    comparisons.require_columns(points, ["cell", "arm", "width", "seed", "lr", "params_non_embedding", "train_flops",
                                    "val_loss", "test_loss", "ms_per_step"])
     rows = []
     for (arm, width), g in points.groupby(["arm", "width"], sort=False):
@@ -218,7 +218,7 @@ def cells_table(points: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
 def fit_trends(points: pd.DataFrame, curvature_p: float = 0.05, metric: str = "test_loss") -> dict:
     """(axis, arm) -> ``trends.Trend`` of ``metric`` against each of ``AXES``, fitted over every
     run of the arm (failed runs, with NaN losses, left out)."""
-    stats.require_columns(points, ["arm", "seed", metric] + [col for col, _ in AXES.values()])
+    comparisons.require_columns(points, ["arm", "seed", metric] + [col for col, _ in AXES.values()])
     out = {}
     for arm, g in points.groupby("arm", sort=False):
         g = g[np.isfinite(g[metric].astype(float))]
@@ -317,9 +317,9 @@ def _fits_table(fitted: dict, boot: pd.DataFrame) -> pd.DataFrame:
 
 def _iso_tests(pseudo: pd.DataFrame, fitted: dict, targets: pd.DataFrame, reference: str,
                margin: float) -> pd.DataFrame:
-    """``stats.compare_arms`` (paired t, Wilcoxon, TOST at ``margin``) on the seeds' jackknife
+    """``comparisons.compare_arms`` (paired t, Wilcoxon, TOST at ``margin``) on the seeds' jackknife
     pseudo-values of every arm's read-off at each (axis, width), the arms whose read-off there
-    extrapolates left out; Holm over every row of every table together (``stats.holm_family``)."""
+    extrapolates left out; Holm over every row of every table together (``comparisons.holm_family``)."""
     tables = {}
     for _, target in targets.iterrows():
         axis, w, x = target["axis"], int(target["width"]), target["x"]
@@ -329,11 +329,11 @@ def _iso_tests(pseudo: pd.DataFrame, fitted: dict, targets: pd.DataFrame, refere
             continue
         long = pd.DataFrame([{"arm": arm, "seed": seed, "loss": v}
                              for arm in inside for seed, v in pseudo[(axis, arm, "loss", w)].items()])
-        tables[f"{axis}{CELL_SEPARATOR}{w}"] = stats.compare_arms(long, "loss", reference,
+        tables[f"{axis}{CELL_SEPARATOR}{w}"] = comparisons.compare_arms(long, "loss", reference,
                                                                   equivalence_margin=margin)
     if not tables:
         return pd.DataFrame(columns=["family", "arm", "axis", "width", "p_t_holm", "p_tost_holm", "verdict"])
-    out = stats.holm_family(tables)
+    out = comparisons.holm_family(tables)
     split = out["family"].str.rpartition(CELL_SEPARATOR)
     return out.assign(axis=split[0], width=split[2].astype(int))
 

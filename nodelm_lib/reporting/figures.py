@@ -78,7 +78,7 @@ def steps_solver_figure(runs, solvers, title: str | None = None, unit: str = "na
 
 def ablation_differences_figure(tests: dict, title: str | None = None, unit: str = "nats/token") -> plt.Figure:
     """The two- and three-arm ablations in one panel: for every arm, its test loss minus its
-    ablation's reference, paired by seed (``tests``: ablation -> ``stats.compare_arms`` table),
+    ablation's reference, paired by seed (``tests``: ablation -> ``comparisons.compare_arms`` table),
     as the mean difference with its 95% t-interval; left of zero the arm is better. Each row
     names the arm, the reference and the Holm-adjusted paired-t p of its ablation."""
     labels, rows = [], []
@@ -231,7 +231,7 @@ def decode_speed_figure(speed, title: str | None = None) -> plt.Figure:
 def corpora_figure(corpora: dict, reference: str, order, unit: str = "nats/char") -> plt.Figure:
     """One comparison on several corpora: ``corpora`` maps a corpus (profile) name to its
     ``(runs, tests)`` (a sweep's ``record_row`` table and its ``compare_arms`` /
-    ``stats.holm_family`` table). Left: each arm's paired test-loss difference to ``reference``
+    ``comparisons.holm_family`` table). Left: each arm's paired test-loss difference to ``reference``
     (mean and 95% CI), one marker per corpus; right: each arm's test loss in bits per character
     (mean ± 95% CI), so corpora of different difficulty share an axis only where it means the same."""
     from .stats import mean_ci

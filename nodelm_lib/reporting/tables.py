@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from nodelm_lib.files import atomic_write_text
-from .stats import compare_arms, require_columns, summary_table
+from .comparisons import compare_arms, require_columns, summary_table
 
 
 # --------------------------------------------------------------------------- display strings
@@ -82,7 +82,7 @@ def report_table(
     ``columns`` maps a metric of ``runs`` to (its label, decimals). Cells are strings; the
     numbers behind them are :func:`summary_table` and :func:`compare_arms` of the same runs.
     ``tests`` replaces that ``compare_arms`` with comparisons made elsewhere (its rows against
-    ``reference`` are used), e.g. Holm-adjusted over a larger family (``stats.holm_family``) or
+    ``reference`` are used), e.g. Holm-adjusted over a larger family (``comparisons.holm_family``) or
     with an equivalence margin; where they carry a TOST p the table adds the ``verdict`` column.
     """
     summary = summary_table(runs, list(columns), order=order, confidence=confidence)

@@ -36,7 +36,7 @@ ignore that the spread itself is estimated from 3.
 
 **Tests over seeds.** ``jackknife`` gives each seed a pseudo-value of a statistic (Tukey's:
 n theta - (n-1) theta_without_that_seed, every fit redone), so that paired tests over seeds
-(``stats.compare_arms``, ``stats.tost``) can be run on fitted quantities. For a statistic linear
+(``comparisons.compare_arms``, ``stats.tost``) can be run on fitted quantities. For a statistic linear
 in the seeds' values (a mean, a least-squares line) a seed's pseudo-value is its own value and the
 t interval of the pseudo-values is the one above; for a refitted power law they carry the refit's
 variability, which a test holding the fitted shape fixed would leave out.
