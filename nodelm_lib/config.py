@@ -4,6 +4,10 @@ Three configs nest: ``TrainConfig.model`` is a ``ModelConfig`` and ``ModelConfig
 ``ODEConfig``. Every config validates itself on construction, so an invalid value fails
 where it is written, not hundreds of steps into a run. Errors name the key, the bad value
 and the valid choices.
+
+One module although it is longer than the others: the three configs, their checks, the hash
+(``config_hash``: which fields it covers and which it leaves out) and the dict / YAML form that
+the hash is computed from are what makes a stored run's name, and a reader checks them together.
 """
 
 from __future__ import annotations
