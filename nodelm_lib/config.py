@@ -316,7 +316,7 @@ class TrainConfig:
 
     ``init_from`` (a config hash) starts the run from the final model of that run instead of a
     random initialisation: fine-tuning, e.g. at another number of solver steps
-    (``experiment.depth_transfer``). The parent's checkpoint is looked up beside the run's own,
+    (``ablations.depth_transfer``). The parent's checkpoint is looked up beside the run's own,
     ``<out_dir>/../<init_from>/checkpoint.pt`` (``store.run`` keeps every run of a store
     there); its model may differ from ``model`` only in depth (``n_layers``, ``ode``).
     """

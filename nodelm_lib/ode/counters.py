@@ -27,4 +27,4 @@ class SolverCounters:
         return asdict(self)
 
 
-SolveStats = SolverCounters  # the old name: "stats" in this project means multi-seed statistics (stats.py)
+SolveStats = SolverCounters  # the old name: "stats" in this project means multi-seed statistics (reporting/stats.py)

@@ -9,7 +9,7 @@ that a change of presentation (digits, separators, escaping) never touches a sta
   reference models (n-gram counts) below the arms.
 * :func:`markdown_table`, :func:`latex_table`, :func:`export_table` -- GitHub Markdown,
   booktabs LaTeX, and all three files (CSV at full precision) written atomically. The
-  docs' generated tables (``make tables``, ``report.py``) use :func:`markdown_table` too.
+  docs' generated tables (``make tables``, ``pages.py``) use :func:`markdown_table` too.
 """
 
 from __future__ import annotations

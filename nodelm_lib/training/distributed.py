@@ -224,7 +224,7 @@ def gather_rng_states(ctx: Context, device: torch.device) -> list[dict] | None:
 def restore_rng_state(ctx: Context, states: list[dict] | None, seed: int, step: int, device: torch.device) -> None:
     """After a resume: rank r > 0 takes back its own saved random state when the checkpoint was
     written by as many processes, otherwise a fresh stream derived from (seed, rank, step). Rank 0
-    takes the checkpoint's main state (``train.load_training_state``)."""
+    takes the checkpoint's main state (``state.load_training_state``)."""
     if ctx.rank == 0:
         return
     if states is not None and len(states) == ctx.world_size:

@@ -43,7 +43,7 @@ class RunRecord:
     evals: list[dict] = field(default_factory=list)  # one row per evaluation (step, val_loss, train_time_s)
     final: dict = field(default_factory=dict)  # train_loss, val_loss, test_loss
     params: dict = field(default_factory=dict)  # total, non_embedding
-    flops_per_token: float = 0.0  # forward pass, matmuls and attention (profiling.forward_flops_per_token)
+    flops_per_token: float = 0.0  # forward pass, matmuls and attention (flops.forward_flops_per_token)
     # the sequences per forward pass that flops_per_token was counted at: this process's share of
     # the batch (records written before the count took a batch have 1, the count at one sequence)
     flops_batch_size: int = 1
