@@ -27,9 +27,10 @@ from typing import Any, Union
 import numpy as np
 import yaml
 
-from .data import CORPORA, TOKENIZERS
 from nodelm_lib.ode.solve import SENSITIVITIES
 from nodelm_lib.ode.solvers import FIXED_STEP_METHODS, METHODS
+
+from .data import CORPORA, TOKENIZERS
 
 ARCHS = ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm")
 # one time-dependent block integrated over t in [0, 1]: the depth is the solver's steps

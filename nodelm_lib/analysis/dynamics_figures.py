@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from nodelm_lib.reporting.style import use_style
+
 from .depth_trends import pooled_over_heads
 from .jacobian import JacobianSpectra
 from .lyapunov import TokenSensitivity, TokenSpectrum

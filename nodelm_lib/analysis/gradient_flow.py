@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from nodelm_lib.reporting.style import smooth, use_style
 from nodelm_lib.config import TrainConfig
+from nodelm_lib.reporting.style import smooth, use_style
 from nodelm_lib.training.record import RunRecord
 
 ODE_GROUP = "grad_norm/ode_block"

@@ -33,6 +33,7 @@ import torch
 from torch.func import jvp, vjp
 
 from nodelm_lib.models.common import continuous_block
+
 from .spectral import fixed_step_block, sorted_eigvals, summarize
 
 

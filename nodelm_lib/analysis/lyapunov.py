@@ -52,6 +52,7 @@ from torch.func import jvp, vmap
 
 from nodelm_lib.models.common import continuous_block
 from nodelm_lib.ode import TABLEAUS, Solver, rk_step
+
 from .jacobian import analysis_model, jacobian_rows
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -22,6 +22,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from nodelm_lib.files import atomic_write, atomic_write_text
+
 from .sources import _REPO_ROOT, TextSource, _check_choice, _sha256_of_file, text_source
 from .tokenizers import TOKENIZERS, Tokenizer, _token_dtype, get_tokenizer
 

@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import torch
 
 from nodelm_lib.config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
+from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, stored_record, write_evaluations)
+from nodelm_lib.training.evaluation import evaluate, final_eval_batches, with_tokenizer_vocab
+from nodelm_lib.training.record import RunRecord
+
 from .protocol import selected_lrs, sweep_configs
 from .sweeps import _run_all, with_weights, with_weights_where_missing
-from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, stored_record, write_evaluations)
-from nodelm_lib.training.record import RunRecord
-from nodelm_lib.training.evaluation import evaluate, final_eval_batches, with_tokenizer_vocab
 
 if TYPE_CHECKING:
     import pandas as pd

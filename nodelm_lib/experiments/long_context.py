@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 from nodelm_lib.data import check_count, split_windows
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, write_evaluations)
-from nodelm_lib.training.record import RunRecord
 from nodelm_lib.training.device import resolve_device
 from nodelm_lib.training.evaluation import split_tokens
+from nodelm_lib.training.record import RunRecord
 
 if TYPE_CHECKING:
     import pandas as pd

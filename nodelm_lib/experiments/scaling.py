@@ -34,12 +34,13 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from .lr_selection import rates_at_grid_edge, selection_grids
-from .protocol import architecture_arms, selected_lrs, sweep_configs
-from nodelm_lib.reporting import comparisons, stats, trends
 from nodelm_lib.config import ModelConfig, ODEConfig, TrainConfig
 from nodelm_lib.data import get_tokenizer
+from nodelm_lib.reporting import comparisons, stats, trends
 from nodelm_lib.runs.store import finished_record, run_hash
+
+from .lr_selection import rates_at_grid_edge, selection_grids
+from .protocol import architecture_arms, selected_lrs, sweep_configs
 
 ARMS = ("gpt", "hybrid", "node", "node_tong", "ti_mlp", "ti_ssm", "ssm")
 # how each arm is made by protocol.architecture_arms, as notebook 02 makes it: (archs, controls,

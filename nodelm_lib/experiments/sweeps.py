@@ -22,10 +22,10 @@ from tqdm import tqdm
 from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.runs import claims
 from nodelm_lib.runs.records import record_row
-from nodelm_lib.training.flops import training_flops
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records, run, run_hash, stored_record)
-from nodelm_lib.training.record import RunRecord
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
+from nodelm_lib.training.flops import training_flops
+from nodelm_lib.training.record import RunRecord
 
 from .protocol import _selected_arm_configs, check_protocol
 

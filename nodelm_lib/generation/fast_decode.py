@@ -31,14 +31,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nodelm_lib.nn.decode_cache import DecodeCache
-from nodelm_lib.nn.layers import MLP, Block, attend
 from nodelm_lib.models.common import CausalLM, ODEBlock
 from nodelm_lib.models.gpt import GPT
 from nodelm_lib.models.hybrid import HybridField, HybridODEBlock, HybridODETransformer
 from nodelm_lib.models.node import NeuralODETransformer, NodeField
 from nodelm_lib.models.ssm import SelectiveSSM, SSMBlock, SSMTransformer
 from nodelm_lib.models.time_indexed import TimeIndexedField, TimeIndexedMLP, TimeIndexedSSM
+from nodelm_lib.nn.decode_cache import DecodeCache
+from nodelm_lib.nn.layers import MLP, Block, attend
 from nodelm_lib.nn.time_layers import HyperLinear, ModulatedLinear, TimeLayerNorm, TimeMLP
 
 Weights = tuple  # (weight, bias or None) of a linear layer or a layer norm

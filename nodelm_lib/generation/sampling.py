@@ -28,9 +28,10 @@ from typing import Callable
 import torch
 
 from nodelm_lib.models.common import CausalLM, check_token_ids
-from . import fast_decode
 from nodelm_lib.nn.decode_cache import DecodeCache
 from nodelm_lib.ode.solvers import FIXED_STEP_METHODS
+
+from . import fast_decode
 
 
 def cache_unsupported_reason(model: CausalLM) -> str | None:

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from nodelm_lib.config import CONTINUOUS_ARCHS, ModelConfig, ODEConfig
 from nodelm_lib.nn.decode_cache import DecodeCache, active_cache, compiling
 from nodelm_lib.nn.losses import linear_cross_entropy
+from nodelm_lib.nn.time_grid import time_grid
 from nodelm_lib.ode import FIXED_STEP_METHODS, Solver, SolverCounters, gradient_method
 from nodelm_lib.ode.tableaus import TABLEAUS
-from nodelm_lib.nn.time_grid import time_grid
 
 
 def check_token_ids(idx: torch.Tensor, vocab_size: int, read_values: bool = True) -> None:

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from nodelm_lib.config import ModelConfig
 from nodelm_lib.nn.layers import Block
+
 from .common import CausalLM
 
 

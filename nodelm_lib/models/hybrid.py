@@ -19,6 +19,7 @@ import torch.nn as nn
 from nodelm_lib.config import ModelConfig
 from nodelm_lib.nn.layers import MLP, Block, CausalSelfAttention
 from nodelm_lib.nn.time_layers import TimeEmbedding
+
 from .common import CausalLM, ODEBlock
 
 

@@ -26,9 +26,10 @@ import torch.nn as nn
 from nodelm_lib.config import ModelConfig, ODEConfig
 from nodelm_lib.nn.decode_cache import cached_per_call
 from nodelm_lib.nn.layers import mlp_hidden
-from nodelm_lib.ode import Solver
 from nodelm_lib.nn.time_grid import active_grid
 from nodelm_lib.nn.time_layers import (HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, time_code, time_codes)
+from nodelm_lib.ode import Solver
+
 from .common import ContinuousDepthLM
 from .gpt import GPT
 

@@ -17,6 +17,7 @@ from nodelm_lib.nn.decode_cache import active_cache
 from nodelm_lib.nn.layers import CausalSelfAttention
 from nodelm_lib.nn.time_grid import GridPoint
 from nodelm_lib.nn.time_layers import ModulatedLinear, StaticLinear
+
 from .common import CausalLM
 from .scans import (check_chunk_size, linear_recurrence, scan_in_float32, scan_with, selective_scan,
                     selective_scan_reference)

@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from nodelm_lib.config import ModelConfig
 from nodelm_lib.nn.time_layers import ModulatedLinear, TimeAttention, TimeMLP, TimeModulation
+
 from .common import ContinuousDepthLM
 from .ssm import SelectiveSSM
 

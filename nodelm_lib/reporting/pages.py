@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from nodelm_lib.files import atomic_write_text
+
 from .tables import markdown_table
 
 MARKER = re.compile(r"(<!-- table: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from nodelm_lib.files import atomic_write_text
+
 from .comparisons import compare_arms, require_columns, summary_table
 
 

@@ -22,8 +22,8 @@ import torch
 
 from nodelm_lib.config import TrainConfig, from_dict, to_dict
 from nodelm_lib.files import atomic_write_text
-from nodelm_lib.training.record import RECORD_NAME, RunRecord
 from nodelm_lib.training.loop import train
+from nodelm_lib.training.record import RECORD_NAME, RunRecord
 
 # the environment variable through which a sweep tells an isolated run how many threads to use
 THREADS_ENV = "NODELM_NUM_THREADS"

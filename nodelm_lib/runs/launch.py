@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from . import claims
 from nodelm_lib.config import TrainConfig, from_dict, to_dict
+
+from . import claims
 
 if TYPE_CHECKING:
     pass

@@ -23,16 +23,17 @@ import json
 import logging
 from pathlib import Path
 
-from . import claims
 from nodelm_lib.config import TrainConfig
-from nodelm_lib.training.distributed import launch_context
 from nodelm_lib.files import atomic_write_text
+from nodelm_lib.training.distributed import launch_context
+from nodelm_lib.training.evaluation import with_tokenizer_vocab
 from nodelm_lib.training.integrity import read_evaluations_file, verify_record
+from nodelm_lib.training.loop import train
+from nodelm_lib.training.record import CHECKPOINT_NAME, RunRecord
+
+from . import claims
 from .isolated import train_in_subprocess
 from .records import recount_flops
-from nodelm_lib.training.record import CHECKPOINT_NAME, RunRecord
-from nodelm_lib.training.loop import train
-from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from typing import Iterable
 import torch
 
 from nodelm_lib.version import __version__
+
 from . import distributed
 from .distributed import SINGLE, Context
 from .profiling import cpu_description

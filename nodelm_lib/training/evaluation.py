@@ -10,11 +10,12 @@ import math
 import numpy as np
 import torch
 
-from . import distributed
 from nodelm_lib.config import TrainConfig
 from nodelm_lib.data import fixed_batches, get_tokenizer, load_tokens, split_windows
-from .distributed import SINGLE, Context
 from nodelm_lib.models import CausalLM
+
+from . import distributed
+from .distributed import SINGLE, Context
 from .profiling import saved_tensor_bytes
 
 

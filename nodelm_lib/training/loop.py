@@ -35,20 +35,21 @@ from typing import Callable
 import torch
 from tqdm import tqdm  # text bar everywhere: tqdm.auto warns without ipywidgets
 
-from . import distributed
 from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.data import sample_batch
-from .distributed import SINGLE, Context
-from nodelm_lib.nn.losses import release_kept_buffers
 from nodelm_lib.models import CausalLM, build_model
-from .flops import forward_flops_per_token
-from .profiling import keep_freed_memory
-from .record import CHECKPOINT_NAME, RECORD_NAME, NonFiniteError, RunRecord, check_learned
+from nodelm_lib.nn.losses import release_kept_buffers
+
+from . import distributed
 from .device import (check_dtype_supported, compile_for, enable_tf32, environment,
                      process_peak_memory_mb, resolve_device)
-from .optim import _grad_norms, clip_gradients, lr_at, make_optimizer
+from .distributed import SINGLE, Context
 from .evaluation import (activation_bytes, batch_tokens, eval_batches, evaluate, final_eval_batches,
                          split_tokens, with_tokenizer_vocab)
+from .flops import forward_flops_per_token
+from .optim import _grad_norms, clip_gradients, lr_at, make_optimizer
+from .profiling import keep_freed_memory
+from .record import CHECKPOINT_NAME, RECORD_NAME, NonFiniteError, RunRecord, check_learned
 from .state import (_final_train_loss, load_parent_weights, load_training_state, save_training_state)
 
 

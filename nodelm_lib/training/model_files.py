@@ -16,8 +16,9 @@ import torch
 
 from nodelm_lib.config import ModelConfig, from_dict, to_dict
 from nodelm_lib.files import atomic_write
-from .integrity import CheckpointError
 from nodelm_lib.models import CausalLM, build_model
+
+from .integrity import CheckpointError
 
 FORMAT = "nodelm-model-1"
 

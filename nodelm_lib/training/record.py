@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from . import integrity
 from nodelm_lib.config import TrainConfig, from_dict
 from nodelm_lib.files import atomic_write_text
 from nodelm_lib.models import CausalLM
+
+from . import integrity
 
 
 CHECKPOINT_NAME = "checkpoint.pt"

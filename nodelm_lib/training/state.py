@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import distributed
 from nodelm_lib.config import TrainConfig, to_dict
-from .distributed import SINGLE, Context
 from nodelm_lib.files import atomic_write
-from .model_files import load_torch_file, model_state, read_checkpoint
 from nodelm_lib.models import CausalLM
+
+from . import distributed
+from .distributed import SINGLE, Context
+from .model_files import load_torch_file, model_state, read_checkpoint
 from .record import CHECKPOINT_NAME, RunRecord
 
 
