@@ -68,8 +68,10 @@ def test_time_dependent_weights_are_computed_once_per_step_not_per_token(monkeyp
     original = HyperLinear.weights_at
     monkeypatch.setattr(HyperLinear, "weights_at", lambda self, codes: calls.append(1) or original(self, codes))
     nl.generate(model, torch.zeros(1, 3, dtype=torch.long), 10, temperature=0)
-    # the prefill pass: 4 layers x 3 Euler steps; the 9 single-token passes reuse them
-    assert len(calls) == 4 * 3
+    # the prefill pass: 4 layers x 3 Euler steps; the 9 single-token passes reuse them. Twice more
+    # at t = 0 before it: fast_decode.supports freezes the field once to check that it can, asked
+    # by generate and by the decoder
+    assert len(calls) == 4 * 3 + 2 * 4
 
 
 @pytest.mark.parametrize("arch, owner, name", [("hybrid", time_layers.TimeEmbedding, "embed"),
@@ -78,13 +80,14 @@ def test_time_dependent_weights_are_computed_once_per_step_not_per_token(monkeyp
                                                ("ti_ssm", time_layers, "time_codes")])
 def test_what_depends_on_t_alone_is_computed_on_the_prefill_pass_only(monkeypatch, arch, owner, name):
     """The time embedding / time code / modulation trunk of every stage: once per (step,
-    stage) on the first pass, never again for the single-token passes (rk4: 4 stages)."""
+    stage) on the first pass, never again for the single-token passes (rk4: 4 stages); and
+    once in each of the two checks before it (``fast_decode.supports``)."""
     model = trained_like(small(arch, "rk4"))
     calls = []
     original = getattr(owner, name)
     monkeypatch.setattr(owner, name, lambda *a, **k: calls.append(1) or original(*a, **k))
     nl.generate(model, torch.zeros(1, 3, dtype=torch.long), 10, temperature=0)
-    assert len(calls) == 3 * 4  # 3 rk4 steps x 4 stages, all in the prefill pass
+    assert len(calls) == 3 * 4 + 2  # 3 rk4 steps x 4 stages, all in the prefill pass; the two checks
 
 def test_ssm_cache_keeps_one_recurrent_state_per_step_and_stage():
     model = trained_like(small("ti_ssm", "heun"))

@@ -17,14 +17,17 @@ KV / SSM-state slots (``DecodeCache``, one per evaluation in call order), and th
 layer in their order, so the logits equal the module path's to rounding (the tests compare
 both, and both with recomputing the window).
 
-It knows the model families of this library by exact type (``supports``); anything else (a
-subclass, another field, extra forward arguments) decodes through the modules, as before.
+What is frozen is the models' own business (``nn.frozen``): ``CausalLM.decode_stages()`` lists
+the body's blocks and ODE blocks, a block's ``freeze()`` and an ODE field's ``freeze(t, control,
+device)`` build a ``Frozen`` from their layers' ``frozen_at``. So a new family is decoded fast by
+implementing those next to its ``body`` / ``forward``; a model where they are missing or not
+trusted (``supports``: a subclass that changes ``forward`` or ``body`` but inherits them, a layer
+without a frozen form, extra forward arguments) decodes through the modules, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -32,108 +35,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from nodelm_lib.models.common import CausalLM, ODEBlock
-from nodelm_lib.models.gpt import GPT
-from nodelm_lib.models.hybrid import HybridField, HybridODEBlock, HybridODETransformer
-from nodelm_lib.models.node import NeuralODETransformer, NodeField
-from nodelm_lib.models.ssm import SelectiveSSM, SSMBlock, SSMTransformer
-from nodelm_lib.models.time_indexed import TimeIndexedField, TimeIndexedMLP, TimeIndexedSSM
 from nodelm_lib.nn.decode_cache import DecodeCache
-from nodelm_lib.nn.layers import MLP, Block, attend
-from nodelm_lib.nn.time_layers import HyperLinear, ModulatedLinear, TimeLayerNorm, TimeMLP
-
-Weights = tuple  # (weight, bias or None) of a linear layer or a layer norm
-
-
-@dataclass
-class FrozenSSM:
-    """A ``SelectiveSSM`` at one t: its three projections, A(t) and D(t), and its scan."""
-
-    in_proj: Weights
-    x_proj: Weights
-    out_proj: Weights
-    A: torch.Tensor
-    D: torch.Tensor
-    scan: Callable
-
-
-@dataclass
-class Frozen:
-    """One evaluation of a block or an ODE field with every weight fixed.
-
-    ``form``: ``"sequential"`` (x + Attn(LN_1 x), then + Mixer(LN_2 .)), ``"parallel"``
-    (x + Attn(LN_1 x) + Mixer(LN_2 x)), or ``"field"``: scale * (Attn(LN_1 h) + Mixer(LN_2 h))
-    with h = x + shift_1 + shift_2 ... (no residual: the solver adds it). ``mixer`` is an MLP's
-    (c_fc, c_proj) weights or a ``FrozenSSM``. ``rope``: the attention rotates queries and keys
-    (``layers.attend``).
-    """
-
-    form: str
-    n_heads: int
-    ln_1: Weights
-    qkv: Weights
-    proj: Weights
-    ln_2: Weights
-    mixer: tuple[Weights, Weights] | FrozenSSM
-    shifts: tuple[torch.Tensor, ...] = field(default_factory=tuple)
-    scale: torch.Tensor | None = None
-    rope: bool = False
-
-
-# --------------------------------------------------------------------------- freezing
-
-
-def _linear(layer: nn.Module, time_input) -> Weights:
-    """(W, b) of a linear layer at the time code / trunk output ``time_input`` (ignored if static)."""
-    if isinstance(layer, HyperLinear):
-        return layer.weight_at(time_input)
-    if isinstance(layer, ModulatedLinear):
-        return layer.weight_at(time_input), layer.bias
-    return layer.weight, layer.bias  # nn.Linear, StaticLinear
-
-
-def _norm(layer: nn.Module, code) -> Weights:
-    return layer.weight_at(code) if isinstance(layer, TimeLayerNorm) else (layer.weight, layer.bias)
-
-
-def _mixer(layer: nn.Module, time_input) -> tuple[Weights, Weights] | FrozenSSM:
-    if isinstance(layer, SelectiveSSM):
-        return FrozenSSM(_linear(layer.in_proj, time_input), _linear(layer.x_proj, time_input),
-                         _linear(layer.out_proj, time_input), layer.A_at(time_input), layer.D_at(time_input),
-                         layer.scan())
-    return _linear(layer.c_fc, time_input), _linear(layer.c_proj, time_input)  # MLP, TimeMLP
-
-
-def freeze_block(block: Block | SSMBlock) -> Frozen:
-    """A discrete block (``gpt``, the hybrid's outer layers, ``ssm``)."""
-    mixer = block.mlp if isinstance(block, Block) else block.mixer
-    return Frozen("parallel" if block.parallel else "sequential", block.attn.n_heads, _norm(block.ln_1, None),
-                  _linear(block.attn.c_attn, None), _linear(block.attn.c_proj, None), _norm(block.ln_2, None),
-                  _mixer(mixer, None), rope=block.attn.rope)
-
-
-def freeze_field(f: nn.Module, t: torch.Tensor, control: torch.Tensor | None, device) -> Frozen:
-    """An ODE field at the stage time t, its time inputs computed as its ``forward`` computes them."""
-    shifts, scale = (), None
-    if isinstance(f, HybridField):
-        time_input, shifts, scale = None, (f.time_embed.embed(t),), f.scale
-        if control is not None:
-            shifts += (f.control_proj(control).unsqueeze(1),)
-    elif isinstance(f, NodeField):
-        time_input = f.code_at(t, device)
-    else:  # TimeIndexedField
-        time_input = f.modulation.at_times(t.to(device).reshape(1))[0]
-    mixer = f.mixer if isinstance(f, TimeIndexedField) else f.mlp
-    return Frozen("field", f.attn.n_heads, _norm(f.ln_1, time_input), _linear(f.attn.c_attn, time_input),
-                  _linear(f.attn.c_proj, time_input), _norm(f.ln_2, time_input), _mixer(mixer, time_input),
-                  shifts, scale, f.attn.rope)
-
+from nodelm_lib.nn.frozen import LAYER_NORM_EPS, Frozen, FrozenAttention, FrozenSSM, NotFreezable, Weights, honours
+from nodelm_lib.nn.layers import attend
 
 # --------------------------------------------------------------------------- evaluation
 
 
 def _layer_norm(x: torch.Tensor, weights: Weights) -> torch.Tensor:
     # torch.layer_norm is what F.layer_norm (and nn.LayerNorm, eps 1e-5) calls, minus its Python checks
-    return torch.layer_norm(x, (x.shape[-1],), *weights, 1e-5)
+    return torch.layer_norm(x, (x.shape[-1],), *weights, LAYER_NORM_EPS)
 
 
 def _mix(mixer, u: torch.Tensor, slot: dict) -> torch.Tensor:
@@ -149,21 +60,21 @@ def _mix(mixer, u: torch.Tensor, slot: dict) -> torch.Tensor:
     return F.linear(y * F.silu(z), *mixer.out_proj)
 
 
-def _attention(frozen: Frozen, h: torch.Tensor, slot: dict, past: int, capacity: int) -> torch.Tensor:
-    y = attend(F.linear(h, *frozen.qkv), frozen.n_heads, slot, past, capacity, rope=frozen.rope)
-    return F.linear(y, *frozen.proj)
+def _attention(attn: FrozenAttention, h: torch.Tensor, slot: dict, past: int, capacity: int) -> torch.Tensor:
+    y = attend(F.linear(h, *attn.qkv), attn.n_heads, slot, past, capacity, rope=attn.rope)
+    return F.linear(y, *attn.proj)
 
 
 def run(frozen: Frozen, x: torch.Tensor, slot: dict, past: int, capacity: int) -> torch.Tensor:
     """The new positions x (B, T, D) through one frozen evaluation; ``slot`` holds its keys,
     values and SSM state over the ``past`` earlier positions."""
     if frozen.form == "sequential":
-        x = x + _attention(frozen, _layer_norm(x, frozen.ln_1), slot, past, capacity)
+        x = x + _attention(frozen.attn, _layer_norm(x, frozen.ln_1), slot, past, capacity)
         return x + _mix(frozen.mixer, _layer_norm(x, frozen.ln_2), slot)
     h = x
     for shift in frozen.shifts:
         h = h + shift
-    a = _attention(frozen, _layer_norm(h, frozen.ln_1), slot, past, capacity)
+    a = _attention(frozen.attn, _layer_norm(h, frozen.ln_1), slot, past, capacity)
     m = _mix(frozen.mixer, _layer_norm(h, frozen.ln_2), slot)
     if frozen.form == "parallel":
         return x + a + m
@@ -187,33 +98,38 @@ def _without_onednn():
 
 
 def _stages(model: CausalLM) -> list[nn.Module] | None:
-    """The body's blocks and ODE blocks in order, for the families this module knows; else None."""
-    kind = type(model)
-    if kind in (GPT, SSMTransformer):
-        return list(model.blocks)
-    if kind is HybridODETransformer:
-        return [*model.early_blocks, model.ode_block, *model.late_blocks]
-    if kind in (NeuralODETransformer, TimeIndexedMLP, TimeIndexedSSM):
-        return [model.ode_block]
-    return None
+    """The body's stages (``CausalLM.decode_stages``) where the class that defines them also runs
+    them (defines ``body``, ``forward`` and ``embed`` or subclasses the classes that do); else None."""
+    return model.decode_stages() if honours(model, "decode_stages", ("body", "forward", "embed")) else None
 
 
 def _stage_supported(stage: nn.Module) -> bool:
-    if type(stage) in (Block, SSMBlock):
-        return type(getattr(stage, "mlp", None) or stage.mixer) in (MLP, SelectiveSSM)
-    if type(stage) in (ODEBlock, HybridODEBlock):
-        f = stage.field
-        return type(f) in (HybridField, NodeField) or (
-            type(f) is TimeIndexedField and type(f.mixer) in (TimeMLP, SelectiveSSM))
-    return False
+    if isinstance(stage, ODEBlock):  # ``_solve`` stands in for its forward and vector_field
+        return honours(stage, "check_control", ("forward", "vector_field")) and honours(stage.field, "freeze")
+    return honours(stage, "freeze")
+
+
+def _freezes(stages: list[nn.Module], like: torch.Tensor) -> bool:
+    """Whether every stage freezes: its layers all have trusted frozen forms (``freeze_layer``
+    raises ``NotFreezable`` otherwise). Tried once at t = 0: a block only gathers its tensors, a
+    field forms its weights at one time."""
+    t = torch.zeros((), dtype=like.dtype, device=like.device)
+    try:
+        with torch.no_grad():
+            for stage in stages:
+                stage.field.freeze(t, None, like.device) if isinstance(stage, ODEBlock) else stage.freeze()
+    except NotFreezable:
+        return False
+    return True
 
 
 def supports(model: CausalLM, model_kwargs: dict | None = None) -> bool:
     """Whether ``FastDecoder`` decodes ``model`` (with these forward arguments); otherwise
     ``generate`` decodes through the modules."""
+    if not set(model_kwargs or {}) <= model.decode_kwargs:
+        return False
     stages = _stages(model)
-    allowed = {"control"} if type(model) is HybridODETransformer else set()
-    return stages is not None and all(map(_stage_supported, stages)) and set(model_kwargs or {}) <= allowed
+    return stages is not None and all(map(_stage_supported, stages)) and _freezes(stages, model.wte.weight)
 
 
 class FastDecoder:
@@ -227,7 +143,8 @@ class FastDecoder:
 
     def __init__(self, model: CausalLM, capacity: int, control: torch.Tensor | None = None):
         if not supports(model, {} if control is None else {"control": control}):
-            raise ValueError(f"FastDecoder does not know {type(model).__name__} (or its blocks); "
+            raise ValueError(f"FastDecoder cannot freeze {type(model).__name__} with these arguments (supports: "
+                             "decode_stages, freeze and frozen_at, each defined with the code it replaces); "
                              "decode it through the modules (generate does)")
         if model.training:
             raise ValueError("FastDecoder needs the model in eval mode (it leaves dropout out)")
@@ -251,7 +168,7 @@ class FastDecoder:
             x = x + model.wpe.weight[past:past + T]
         with self.cache.step(T), _without_onednn() if self._native else contextlib.nullcontext():
             for stage in self.stages:
-                x = self._solve(stage, x) if isinstance(stage, ODEBlock) else self._evaluate(lambda: freeze_block(stage), x)
+                x = self._solve(stage, x) if isinstance(stage, ODEBlock) else self._evaluate(stage.freeze, x)
             h = _layer_norm(x[:, -1], (model.ln_f.weight, model.ln_f.bias))
             return F.linear(h, model.lm_head.weight)
 
@@ -268,15 +185,15 @@ class FastDecoder:
         control are the same in every pass: set up on the first."""
         if block not in self._solves:
             solver, t = block.solver(), block.times(x.dtype, x.device)
-            control = block._check_control(self.control, x) if isinstance(block, HybridODEBlock) else None
+            control = block.check_control(self.control, x)
             self._solves[block] = solver, t, solver.step_times(t), control
         solver, t, grid, control = self._solves[block]
         constant, residual, steps = block.modulation == "constant", block.integration == "residual", float(block.ode.n_steps)
 
         def field(t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
             # t matters on the first pass only, when the call site is frozen
-            out = self._evaluate(lambda: freeze_field(block.field, torch.zeros_like(t) if constant else t,
-                                                      control, x.device), h)
+            out = self._evaluate(lambda: block.field.freeze(torch.zeros_like(t) if constant else t, control,
+                                                            x.device), h)
             return out * steps if residual else out
 
         return solver.march(field, x, t, grid=grid)[0][-1]

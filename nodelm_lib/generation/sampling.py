@@ -5,9 +5,9 @@ only on positions <= i, so the keys and values of each (step, stage) evaluation 
 can be cached exactly like those of a discrete layer; so can ti_ssm's recurrent state and
 the time-dependent weights of node / ti_* (they depend on t alone).
 ``decode_cache.DecodeCache`` holds one slot per call site; a new token then costs one pass over
-one position. For the library's own models that pass runs through ``fast_decode.FastDecoder``
-(each call site's weights frozen on the first pass, plain functions after); any other model
-through its modules (``model(idx, cache=cache)``).
+one position. For a model that says how it freezes (``fast_decode.supports``: the library's
+own do) that pass runs through ``fast_decode.FastDecoder`` (each call site's weights frozen on the
+first pass, plain functions after); for any other through its modules (``model(idx, cache=cache)``).
 
 The context is a window of the last ``window`` tokens (default ``max_seq_len``): when the
 sequence outgrows it, the context is cropped to the last ``window`` tokens and the cache is

@@ -70,8 +70,18 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
 
+    # Fast decoding (``generation.fast_decode``) runs ``decode_stages()`` in place of ``body``: the
+    # body's discrete blocks (each with ``freeze()``) and ODE blocks (fields with ``freeze(t, control,
+    # device)``) in order, or None for a body it cannot run (then the modules decode). It is trusted
+    # only where it is defined with ``body`` (``frozen.honours``); ``decode_kwargs`` are the forward
+    # arguments it handles.
+    decode_kwargs: frozenset[str] = frozenset()
+
     def body(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         raise NotImplementedError
+
+    def decode_stages(self) -> list[nn.Module] | None:
+        return None
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True,
                 cache: DecodeCache | None = None, **kwargs):
@@ -276,6 +286,11 @@ class ODEBlock(nn.Module):
         steps = self.step_times(x.dtype, x.device)
         return torch.unique(torch.stack([t_m + c_i * dt_m for t_m, dt_m in steps for c_i in c]))
 
+    def check_control(self, control: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+        """The control vector as ``forward`` hands it to the field (the hybrid's block checks it).
+        Fast decoding calls it in place of ``forward``: a subclass that changes one changes both."""
+        return control
+
     def vector_field(self, t: torch.Tensor, x: torch.Tensor, *args) -> torch.Tensor:
         """What the solver integrates: ``field`` with the two switches applied."""
         if self.modulation == "constant":
@@ -307,6 +322,9 @@ class ContinuousDepthLM(CausalLM):
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
         return self.ode_block(x)
+
+    def decode_stages(self) -> list[nn.Module]:
+        return [self.ode_block]
 
 
 def continuous_block(model: nn.Module, purpose: str) -> ODEBlock:

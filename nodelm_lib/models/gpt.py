@@ -30,3 +30,6 @@ class GPT(CausalLM):
         for block in self.blocks:
             x = block(x)
         return x
+
+    def decode_stages(self) -> list[nn.Module]:
+        return list(self.blocks)

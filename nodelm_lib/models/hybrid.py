@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from nodelm_lib.config import ModelConfig
+from nodelm_lib.nn.frozen import Frozen, freeze_layer
 from nodelm_lib.nn.layers import MLP, Block, CausalSelfAttention
 from nodelm_lib.nn.time_layers import TimeEmbedding
 
@@ -43,6 +44,14 @@ class HybridField(nn.Module):
             h = h + self.control_proj(control).unsqueeze(1)  # (B, D) -> (B, 1, D): same u at every position
         return self.scale * (self.attn(self.ln_1(h)) + self.mlp(self.ln_2(h)))
 
+    def freeze(self, t: torch.Tensor, control: torch.Tensor | None, device=None) -> Frozen:
+        """This field at t for fast decoding: e(t) and P u are the shifts, alpha the scale."""
+        shifts = (self.time_embed.embed(t),)  # what forward's cached time_embed(t) computes
+        if control is not None:
+            shifts += (self.control_proj(control).unsqueeze(1),)
+        return Frozen("field", freeze_layer(self.ln_1), freeze_layer(self.attn), freeze_layer(self.ln_2),
+                      freeze_layer(self.mlp), shifts, self.scale)
+
 
 class HybridODEBlock(ODEBlock):
     """The hybrid's ODE block: the shared ``ODEBlock`` plus the control vector's checks."""
@@ -51,9 +60,10 @@ class HybridODEBlock(ODEBlock):
         super().__init__(HybridField(cfg), cfg.ode, cfg.dropout)
 
     def forward(self, x: torch.Tensor, control: torch.Tensor | None = None) -> torch.Tensor:
-        return super().forward(x, self._check_control(control, x))
+        return super().forward(x, self.check_control(control, x))
 
-    def _check_control(self, control: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    def check_control(self, control: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+        """``control`` (B, k) or (k,) as (B, k) in x's dtype; a ValueError for a wrong shape."""
         if control is None:
             return None
         k = self.field.control_dim
@@ -72,6 +82,8 @@ class HybridODETransformer(CausalLM):
     ``model(idx, targets, control=u)`` passes the control vector u (shape (B, control_dim)
     or (control_dim,)) to the ODE block.
     """
+
+    decode_kwargs = frozenset({"control"})
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
@@ -93,3 +105,6 @@ class HybridODETransformer(CausalLM):
         for block in self.late_blocks:
             x = block(x)
         return x
+
+    def decode_stages(self) -> list[nn.Module]:
+        return [*self.early_blocks, self.ode_block, *self.late_blocks]

@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from nodelm_lib.config import ModelConfig, ODEConfig
 from nodelm_lib.nn.decode_cache import cached_per_call
+from nodelm_lib.nn.frozen import Frozen, freeze_layer
 from nodelm_lib.nn.layers import mlp_hidden
 from nodelm_lib.nn.time_grid import active_grid
 from nodelm_lib.nn.time_layers import (HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, time_code, time_codes)
@@ -58,6 +59,11 @@ class NodeField(nn.Module):
             code = cached_per_call(lambda: self.code_at(t, x.device))  # t alone: once per stage
         return self.attn(self.ln_1(x, code), code) + self.mlp(self.ln_2(x, code), code)
 
+    def freeze(self, t: torch.Tensor, control=None, device=None) -> Frozen:
+        """This field at t for fast decoding: every layer at the time code phi(t)."""
+        code = self.code_at(t, device)
+        return Frozen("field", freeze_layer(self.ln_1, code), freeze_layer(self.attn, code),
+                      freeze_layer(self.ln_2, code), freeze_layer(self.mlp, code))
 
     def code_at(self, t: torch.Tensor, device) -> torch.Tensor:
         """The time code phi(t) every time-dependent layer of one evaluation reads."""

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from nodelm_lib.config import ModelConfig
 from nodelm_lib.nn.decode_cache import active_cache
+from nodelm_lib.nn.frozen import Frozen, FrozenSSM, freeze_layer
 from nodelm_lib.nn.layers import CausalSelfAttention
 from nodelm_lib.nn.time_grid import GridPoint
 from nodelm_lib.nn.time_layers import ModulatedLinear, StaticLinear
@@ -122,6 +123,12 @@ class SelectiveSSM(nn.Module):
     def forward(self, u: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
         return self._forward(u, h, self.scan())
 
+    frozen_mirrors = ("forward", "_forward")  # fast decoding runs FrozenSSM in place of both
+
+    def frozen_at(self, h: torch.Tensor | None) -> FrozenSSM:
+        return FrozenSSM(freeze_layer(self.in_proj, h), freeze_layer(self.x_proj, h), freeze_layer(self.out_proj, h),
+                         self.A_at(h), self.D_at(h), self.scan())
+
     def scan(self):
         """The scan this layer runs: the fused ``selective_scan``, or with ``chunk_size`` the
         chunked linear recurrence; in float32 at least (``scan_in_float32``)."""
@@ -172,6 +179,10 @@ class SSMBlock(nn.Module):
         x = x + self.attn(self.ln_1(x))
         return x + self.mixer(self.ln_2(x))
 
+    def freeze(self) -> Frozen:
+        return Frozen("parallel" if self.parallel else "sequential", freeze_layer(self.ln_1), freeze_layer(self.attn),
+                      freeze_layer(self.ln_2), freeze_layer(self.mixer))
+
 
 class SSMTransformer(CausalLM):
     """``ssm``: ``n_layers`` discrete ``SSMBlock``s with their own weights. The control that
@@ -191,3 +202,6 @@ class SSMTransformer(CausalLM):
         for block in self.blocks:
             x = block(x)
         return x
+
+    def decode_stages(self) -> list[nn.Module]:
+        return list(self.blocks)

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from nodelm_lib.config import ModelConfig
+from nodelm_lib.nn.frozen import Frozen, freeze_layer
 from nodelm_lib.nn.time_layers import ModulatedLinear, TimeAttention, TimeMLP, TimeModulation
 
 from .common import ContinuousDepthLM
@@ -54,6 +55,12 @@ class TimeIndexedField(nn.Module):
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         h = self.modulation(t.to(x.device))
         return self.attn(self.ln_1(x), h) + self.mixer(self.ln_2(x), h)
+
+    def freeze(self, t: torch.Tensor, control=None, device=None) -> Frozen:
+        """This field at t for fast decoding: every gated layer at the trunk output h(t)."""
+        h = self.modulation.at_times(t.to(device).reshape(1))[0]  # what forward's cached modulation(t) computes
+        return Frozen("field", freeze_layer(self.ln_1), freeze_layer(self.attn, h), freeze_layer(self.ln_2),
+                      freeze_layer(self.mixer, h))
 
 
 class TimeIndexedMLP(ContinuousDepthLM):

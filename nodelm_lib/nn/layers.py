@@ -6,6 +6,7 @@ of them. Attention uses ``F.scaled_dot_product_attention(is_causal=True)``: posi
 attends to positions <= i only, which the causality tests check for every model. With
 ``rope=True`` it rotates queries and keys by their positions first (``rope_cos_sin``,
 ``apply_rope``): a model with ``position="rope"`` knows positions through that alone.
+Attention, the MLP and the block also say how they freeze for fast decoding (``frozen``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .decode_cache import active_cache
+from .frozen import Frozen, FrozenAttention, freeze_layer
 
 # the base of the rotary frequencies theta_i = base^(-2i / d_h), as in RoFormer, GPT-NeoX and LLaMA
 ROPE_BASE = 10000.0
@@ -43,6 +45,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = causal_attention(self.c_attn(x), self.n_heads, self.dropout if self.training else 0.0, self.rope)
         return self.resid_dropout(self.c_proj(y))
+
+    def frozen_at(self, time_input=None) -> FrozenAttention:
+        return FrozenAttention(self.n_heads, freeze_layer(self.c_attn), freeze_layer(self.c_proj), self.rope)
 
 
 def causal_attention(qkv: torch.Tensor, n_heads: int, dropout_p: float = 0.0, rope: bool = False) -> torch.Tensor:
@@ -179,6 +184,9 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
 
+    def frozen_at(self, time_input=None) -> tuple:
+        return freeze_layer(self.c_fc), freeze_layer(self.c_proj)
+
 
 class Block(nn.Module):
     """Pre-LN transformer block: ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``.
@@ -202,3 +210,8 @@ class Block(nn.Module):
             return x + self.attn(self.ln_1(x)) + self.mlp(self.ln_2(x))
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
+
+    def freeze(self) -> Frozen:
+        """This block with its weights as plain tensors, for fast decoding (``frozen``)."""
+        return Frozen("parallel" if self.parallel else "sequential", freeze_layer(self.ln_1), freeze_layer(self.attn),
+                      freeze_layer(self.ln_2), freeze_layer(self.mlp))

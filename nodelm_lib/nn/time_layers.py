@@ -1,6 +1,7 @@
 """Time-dependent layers of the continuous-depth models: time codes and the time embedding,
 hypernetwork (``HyperLinear``, ``TimeLayerNorm``) and gated (``TimeModulation``,
-``ModulatedLinear``) weights, and attention / MLP built from them.
+``ModulatedLinear``) weights, and attention / MLP built from them. Each layer's ``frozen_at``
+gives its weights at one time input, for fast decoding (``frozen``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .decode_cache import cached_per_call, compiling
+from .frozen import FrozenAttention, freeze_layer
 from .layers import causal_attention, mlp_hidden
 from .losses import autocast_dtype
 from .time_grid import active_grid, time_dependent
@@ -185,6 +187,9 @@ class HyperLinear(nn.Module):
     def forward(self, x: torch.Tensor, code) -> torch.Tensor:
         return F.linear(x, *time_dependent(code, self, self.weights_at))
 
+    def frozen_at(self, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.weight_at(code)
+
 
 class TimeLayerNorm(nn.Module):
     r"""LayerNorm with a time-dependent affine map: scale :math:`\gamma + F\phi(t)` and shift
@@ -211,6 +216,9 @@ class TimeLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, code) -> torch.Tensor:
         return F.layer_norm(x, (x.shape[-1],), *time_dependent(code, self, self.weights_at))
+
+    def frozen_at(self, code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.weight_at(code)
 
 
 class TimeModulation(nn.Module):
@@ -295,6 +303,9 @@ class ModulatedLinear(nn.Module):
     def forward(self, x: torch.Tensor, h) -> torch.Tensor:
         return F.linear(x, time_dependent(h, self, self.weights_at)[0], self.bias)
 
+    def frozen_at(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.weight_at(h), self.bias
+
 
 class StaticLinear(nn.Linear):
     """``nn.Linear`` with ``ModulatedLinear``'s call signature ``(x, h)``, ignoring h: the
@@ -303,6 +314,9 @@ class StaticLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
         return super().forward(x)
+
+    def frozen_at(self, h: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.weight, self.bias
 
 
 class TimeAttention(nn.Module):
@@ -323,6 +337,10 @@ class TimeAttention(nn.Module):
         y = causal_attention(self.c_attn(x, code), self.n_heads, self.dropout if self.training else 0.0, self.rope)
         return self.resid_dropout(self.c_proj(y, code))
 
+    def frozen_at(self, code: torch.Tensor) -> FrozenAttention:
+        qkv, proj = freeze_layer(self.c_attn, code), freeze_layer(self.c_proj, code)
+        return FrozenAttention(self.n_heads, qkv, proj, self.rope)
+
 
 class TimeMLP(nn.Module):
     """``W_2(t) GELU(W_1(t) x)`` with time-dependent layers made by ``linear``."""
@@ -336,3 +354,6 @@ class TimeMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x, code)), code))
+
+    def frozen_at(self, code: torch.Tensor) -> tuple:
+        return freeze_layer(self.c_fc, code), freeze_layer(self.c_proj, code)
