@@ -26,7 +26,7 @@ SMOKE = "smoke"
 def params_dir() -> Path:
     """Where the profiles are: the package's ``params`` (the link in a checkout, the copy in a
     wheel), else the checkout's own ``params/`` (a checkout whose file system kept no link)."""
-    shipped = Path(__file__).resolve().parent / "params"
+    shipped = Path(__file__).resolve().parents[1] / "params"
     if shipped.is_dir():
         return shipped
     from nodelm_lib.workspace import repository_root
