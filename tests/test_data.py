@@ -43,26 +43,8 @@ class HubSplit:
 
 
 @pytest.fixture(autouse=True)
-def offline(monkeypatch):
-    """No hub, no stray env: each test sets what it needs."""
-    def no_hub(path, name, split):
-        raise ConnectionError("hub unreachable (patched in tests)")
-
-    monkeypatch.setattr(sources, "_open_hub", no_hub)
-    for var in ("NODELM_DATA_DIR", "NODELM_CACHE_DIR", "TIKTOKEN_CACHE_DIR"):
-        # set-then-delete makes monkeypatch restore the original state even when
-        # the code under test sets the variable itself (configure_tiktoken_cache)
-        monkeypatch.setenv(var, "unset")
-        monkeypatch.delenv(var)
-
-
-@pytest.fixture(scope="module")
-def shared_dir() -> Path:
-    """The shared data dir, found by the library's own search order."""
-    root, _ = data.find_data_dir()
-    if root is None or not (root / "wikitext-2-v1").is_dir():
-        pytest.skip("no offline data dir (../shared/data or $NODELM_DATA_DIR)")
-    return root
+def offline(offline_data):
+    """No hub, no stray env (conftest.offline_data): each test sets what it needs."""
 
 
 @pytest.fixture

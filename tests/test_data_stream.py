@@ -31,23 +31,8 @@ RSS_CAP_MIB = 64
 
 
 @pytest.fixture(autouse=True)
-def offline(monkeypatch):
-    """No hub, no stray env: each test sets what it needs."""
-    def no_hub(path, name, split):
-        raise ConnectionError("hub unreachable (patched in tests)")
-
-    monkeypatch.setattr(sources, "_open_hub", no_hub)
-    for var in ("NODELM_DATA_DIR", "NODELM_CACHE_DIR", "TIKTOKEN_CACHE_DIR"):
-        monkeypatch.setenv(var, "unset")  # so that monkeypatch restores what the code sets
-        monkeypatch.delenv(var)
-
-
-@pytest.fixture(scope="module")
-def shared_dir() -> Path:
-    root, _ = data.find_data_dir()
-    if root is None or not (root / "wikitext-2-v1").is_dir():
-        pytest.skip("no offline data dir (../shared/data or $NODELM_DATA_DIR)")
-    return root
+def offline(offline_data):
+    """No hub, no stray env (conftest.offline_data): each test sets what it needs."""
 
 
 @pytest.fixture

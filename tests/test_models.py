@@ -8,6 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import nodelm_lib as nl
 from nodelm_lib.config import ARCHS
+from conftest import assert_every_parameter_gets_a_gradient
 
 
 
@@ -59,15 +60,7 @@ def test_causality(model):
 
 
 def test_every_parameter_gets_a_finite_nonzero_gradient(model):
-    model.train()
-    idx = torch.randint(0, 64, (2, 16))
-    extra = {"control": torch.randn(2, 4)} if model.cfg.arch == "hybrid" else {}  # else control_proj is unused
-    _, loss = model(idx, idx.roll(-1, dims=1), **extra)
-    loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None, f"{name} has no gradient"
-        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
-        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+    assert_every_parameter_gets_a_gradient(model, 16)
 
 
 def test_sequence_longer_than_max_seq_len_is_a_clear_error(model):

@@ -20,6 +20,7 @@ from nodelm_lib.models import param_count_formula
 from nodelm_lib.ode.solvers import FIXED_STEP_METHODS
 from nodelm_lib.nn.time_layers import TimeAttention
 from nodelm_lib.training.evaluation import evaluate_split
+from conftest import assert_every_parameter_gets_a_gradient
 
 from test_generate import small, trained_like
 
@@ -141,15 +142,7 @@ def test_rope_models_are_causal_at_four_times_their_context(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_parameter_of_a_rope_model_gets_a_finite_nonzero_gradient(arch):
-    model = rope_model(arch, n=3).train()
-    idx = torch.randint(0, 64, (2, 2 * CONTEXT))
-    extra = {"control": torch.randn(2, 4)} if arch == "hybrid" else {}  # else control_proj is unused
-    _, loss = model(idx, idx.roll(-1, dims=1), **extra)
-    loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None, f"{name} has no gradient"
-        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
-        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+    assert_every_parameter_gets_a_gradient(rope_model(arch, n=3), 2 * CONTEXT)
 
 
 @pytest.mark.parametrize("arch", ("hybrid", *CONTINUOUS_ARCHS))

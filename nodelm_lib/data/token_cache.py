@@ -32,7 +32,7 @@ log = logging.getLogger("nodelm_lib.data")  # one logger for the whole package
 # (2: a .json manifest beside each .npy, checked on read).
 TOKEN_CACHE_VERSION = 2
 
-# Caches at least this large are memory-mapped; smaller ones are read into memory, as before:
+# Caches at least this large are memory-mapped; smaller ones are read into memory:
 # a copy cannot lose its pages if the file is later cut short in place (a map of it would fault).
 MMAP_MIN_BYTES = 64 << 20
 

@@ -1,0 +1,47 @@
+"""Fixtures the data tests share: no hub and no stray data variables, and the offline data dir."""
+
+from pathlib import Path
+
+import pytest
+
+from nodelm_lib import data
+from nodelm_lib.data import sources
+
+
+@pytest.fixture
+def offline_data(monkeypatch):
+    """No hub, no stray env: each test sets what it needs."""
+    def no_hub(path, name, split):
+        raise ConnectionError("hub unreachable (patched in tests)")
+
+    monkeypatch.setattr(sources, "_open_hub", no_hub)
+    for var in ("NODELM_DATA_DIR", "NODELM_CACHE_DIR", "TIKTOKEN_CACHE_DIR"):
+        # set-then-delete makes monkeypatch restore the original state even when
+        # the code under test sets the variable itself (configure_tiktoken_cache)
+        monkeypatch.setenv(var, "unset")
+        monkeypatch.delenv(var)
+
+
+@pytest.fixture(scope="module")
+def shared_dir() -> Path:
+    """The shared data dir, found by the library's own search order."""
+    root, _ = data.find_data_dir()
+    if root is None or not (root / "wikitext-2-v1").is_dir():
+        pytest.skip("no offline data dir (../shared/data or $NODELM_DATA_DIR)")
+    return root
+
+
+def assert_every_parameter_gets_a_gradient(model, seq_len: int) -> None:
+    """One training step's backward on random tokens gives every parameter of ``model`` a finite,
+    non-zero gradient (the hybrid gets a control vector, else its control_proj is unused)."""
+    import torch
+
+    model.train()
+    idx = torch.randint(0, 64, (2, seq_len))
+    extra = {"control": torch.randn(2, 4)} if model.cfg.arch == "hybrid" else {}
+    _, loss = model(idx, idx.roll(-1, dims=1), **extra)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} has no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
+        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
