@@ -42,22 +42,80 @@ def test_one_holder_at_a_time_and_the_claim_says_who(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.claim"]  # no temporary files left
 
 
-def test_of_many_simultaneous_claimants_exactly_one_wins(tmp_path):
-    start = threading.Barrier(8)
+def race(store, claimants: int) -> list:
+    """The claims won by ``claimants`` threads that all try to claim "abc" at the same moment."""
+    start = threading.Barrier(claimants)
     won = []
 
     def claimant():
         start.wait()
-        claim = claims.try_claim(tmp_path, "abc")
+        claim = claims.try_claim(store, "abc", stale_after_s=600)
         if claim is not None:
             won.append(claim)
 
-    threads = [threading.Thread(target=claimant) for _ in range(8)]
+    threads = [threading.Thread(target=claimant) for _ in range(claimants)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return won
+
+
+def test_of_many_simultaneous_claimants_exactly_one_wins(tmp_path):
+    won = race(tmp_path, 8)
     assert len(won) == 1
+    won[0].release()
+
+
+def test_a_stale_claim_found_by_many_workers_at_once_is_taken_over_by_exactly_one(tmp_path):
+    # the interleaving that once let two win (a late remover deleting the winner's fresh claim
+    # while a third worker claimed the gap) is rare: many rounds give it many chances
+    for round_ in range(25):
+        store = tmp_path / str(round_)
+        store.mkdir()
+        plant(store, "abc", host="node-elsewhere", pid=1)
+        old = time.time() - 3600
+        os.utime(claims.claim_path(store, "abc"), (old, old))
+        won = race(store, 6)
+        assert len(won) == 1 and won[0].held(), f"round {round_}: {len(won)} workers hold the claim"
+        won[0].release()
+        assert sorted(p.name for p in store.iterdir()) == []  # no lock or set-aside file left
+
+
+def test_a_worker_that_judged_a_claim_stale_a_moment_ago_never_removes_its_successor(tmp_path):
+    plant(tmp_path, "abc", host=socket.gethostname(), pid=dead_pid())
+    path = claims.claim_path(tmp_path, "abc")
+    successor = claims.try_claim(tmp_path, "abc")
+    assert successor is not None
+    # a second worker, which judged the dead worker's claim stale before the takeover, acts now
+    assert not claims._remove_stale(path, None) and successor.held()
+    successor.release()
+    path.write_text("")  # an exclusive create's claim, empty for the moment before it is filled
+    assert not claims._remove_stale(path, None) and path.exists()
+
+
+def test_a_takeover_lock_left_by_a_dead_worker_is_removed(tmp_path, caplog):
+    plant(tmp_path, "abc", host=socket.gethostname(), pid=dead_pid())
+    lock = tmp_path / ".abc.claim.takeover"
+    lock.touch()
+    old = time.time() - claims.TAKEOVER_STALE_S - 60
+    os.utime(lock, (old, old))
+    with caplog.at_level(logging.WARNING, logger="nodelm_lib.runs.claims"):
+        claim = claims.try_claim(tmp_path, "abc")
+    assert claim is not None and "died holding it" in caplog.text and not lock.exists()
+    claim.release()
+
+
+def test_a_takeover_waits_while_another_worker_holds_the_takeover_lock(tmp_path):
+    plant(tmp_path, "abc", host=socket.gethostname(), pid=dead_pid())
+    lock = tmp_path / ".abc.claim.takeover"
+    lock.touch()
+    releaser = threading.Timer(0.3, lock.unlink)
+    started = time.monotonic()
+    releaser.start()
+    claim = claims.try_claim(tmp_path, "abc")
+    assert claim is not None and time.monotonic() - started >= 0.25
+    claim.release()
 
 
 def test_a_dead_workers_claim_is_taken_over_with_a_warning(tmp_path, caplog):

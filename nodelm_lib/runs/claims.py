@@ -20,9 +20,14 @@ when the name exists (as ``O_CREAT | O_EXCL`` does) and is atomic on NFS too, an
 sees a half-written claim. Where the file system has no hard links (Colab's Google Drive mount
 answers ``link`` with ENOSYS, other FUSE mounts with EOPNOTSUPP), the claim is made by an exclusive
 create (``O_CREAT | O_EXCL``) and filled at once; a claim still empty or unparsable
-``UNREADABLE_GRACE_S`` after it appeared names no worker and is stale. A stale claim is taken over by renaming it to a private name first, so of
-two workers that found it stale only one removes it; the other finds the renamed file is not the
-claim it judged and puts it back.
+``UNREADABLE_GRACE_S`` after it appeared names no worker and is stale.
+
+Workers that find the same claim stale remove it one at a time, each under a takeover lock
+(``.<hash>.claim.takeover``, an exclusive create) and each only after judging the claim again
+under that lock. Without the lock, a worker that judged the stale claim a moment ago could remove
+the fresh claim another worker put in its place, and both would train the run. The lock is held
+for a few file operations; one older than ``TAKEOVER_STALE_S`` belongs to a worker that died
+holding it and is removed.
 
 The claim guards against wasted work, not against corrupt results: records are written atomically
 and training is deterministic, so even two workers that both trained a hash would store the same
@@ -31,6 +36,7 @@ record.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -49,6 +55,9 @@ STALE_AFTER_S = 600.0  # a claim of another host untouched this long belongs to 
 # an empty or unparsable claim names no worker to wait for: stale as soon as it is older than
 # the moment an exclusive create (where hard links fail) takes between creating and filling it
 UNREADABLE_GRACE_S = 2.0
+# a takeover lock is held for a rename, a read and an unlink: one this old outlived its worker
+TAKEOVER_STALE_S = 30.0
+TAKEOVER_POLL_S = 0.01
 
 
 def claim_path(store: str | Path, config_hash: str) -> Path:
@@ -184,7 +193,7 @@ def try_claim(store: str | Path, config_hash: str, stale_after_s: float | None =
             continue  # released meanwhile: try again
         if not is_stale(current, stale_after_s):
             return None
-        if _remove_stale(path, current):
+        if _remove_stale(path, stale_after_s):
             log.warning("taking over the stale claim on run %s of %s (its worker is gone)", config_hash,
                         describe(current))
     raise RuntimeError(f"could not claim run {config_hash} in {store}: its claim {path} kept changing")
@@ -231,23 +240,55 @@ def _place(src: Path, path: Path) -> bool:
     return True
 
 
-def _remove_stale(path: Path, judged: dict) -> bool:
-    """Remove the claim at ``path`` if it is still the stale one ``judged``: rename it to a private
-    name (atomic, so one remover wins), then check; a fresh claim renamed by mistake is put back."""
-    aside = path.with_name(f".{path.name}.{secrets.token_hex(8)}.stale")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return False  # another worker removed it first
-    taken = _read(aside)
-    if taken is not None and taken.get("token") == judged.get("token"):
+def _remove_stale(path: Path, stale_after_s: float | None) -> bool:
+    """Remove the claim at ``path`` if it is still stale when judged again under the takeover
+    lock; False if it changed meanwhile (released, or replaced by a live worker's claim)."""
+    with _takeover_lock(path):
+        current = _read(path)
+        if current is None or not is_stale(current, stale_after_s):
+            return False
+        # aside first, so that a claim put there between the read and now (only its own dying
+        # worker's release makes room for one) is seen and put back rather than removed
+        aside = path.with_name(f".{path.name}.{secrets.token_hex(8)}.stale")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        taken = _read(aside)
+        if taken is None or taken.get("token") == current.get("token"):
+            aside.unlink(missing_ok=True)
+            return True
+        if not _place(aside, path):
+            log.warning("a claim on %s was replaced while it was being taken over; two workers may train it "
+                        "(records stay correct: both compute the same numbers)", path)
         aside.unlink(missing_ok=True)
-        return True
-    if not _place(aside, path):  # someone claimed it between our read and our rename: give it back
-        log.warning("a claim on %s was replaced while it was being taken over; two workers may train it "
-                    "(records stay correct: both compute the same numbers)", path)
-    aside.unlink(missing_ok=True)
-    return False
+        return False
+
+
+@contextlib.contextmanager
+def _takeover_lock(path: Path):
+    """Hold ``.<name>.takeover`` beside the claim ``path`` (an exclusive create), waiting while
+    another worker holds it; a lock older than ``TAKEOVER_STALE_S`` is its dead holder's."""
+    lock = path.with_name(f".{path.name}.takeover")
+    while True:
+        try:
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            break
+        except FileExistsError:
+            pass
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            continue  # released meanwhile
+        if age > TAKEOVER_STALE_S:
+            log.warning("removing the takeover lock %s: its worker died holding it %.0f s ago", lock, age)
+            lock.unlink(missing_ok=True)
+        else:
+            time.sleep(TAKEOVER_POLL_S)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def wait_for_claim(store: str | Path, config_hash: str, poll_s: float = 2.0, stale_after_s: float | None = None) -> Claim:
