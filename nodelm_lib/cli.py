@@ -174,7 +174,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     root = Path(args.root)
     record = reproduce(args.notebooks, args.profile, root, run_notebook=make_notebook(args.make, args.profile, root),
-                       cpu_probe=lambda: probe(args.probe_seconds))
+                       cpu_probe=lambda: probe(args.probe_seconds), resume=not args.fresh)
     return 0 if record.status == "done" else 1
 
 
@@ -281,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--make", default="make", help="make command (the Makefile passes its own, via SUBMAKE)")
     p.add_argument("--root", default=".", help="repository root (Makefile, results/)")
     p.add_argument("--probe-seconds", type=float, default=10.0, help="length of each CPU probe")
+    p.add_argument("--fresh", action="store_true",
+                   help="start a new record even where an unfinished one of this commit could be resumed")
     p.set_defaults(func=_reproduce)
 
     p = sub.add_parser("store", help="check a run store's records (and checkpoints); move bad ones aside")

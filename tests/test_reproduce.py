@@ -77,9 +77,10 @@ def test_times_are_on_disk_as_each_notebook_ends_and_survive_ctrl_c(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         reproduce(["01_a", "02_b", "03_c"], "cpu", tmp_path, run_notebook=run, cpu_probe=lambda: "probe",
                   log=lambda _: None)
-    assert seen["before 02_b"] == ["cpu probe before", "01_a"]
+    assert seen["before 02_b"] == ["cpu probe before", "01_a", "02_b"]  # 02_b on disk as running
     saved = _record(tmp_path)
-    assert saved["status"] == "interrupted at 02_b" and [s["name"] for s in saved["steps"]][-1] == "01_a"
+    assert saved["status"] == "interrupted at 02_b"
+    assert [(s["name"], s["status"]) for s in saved["steps"]][-2:] == [("01_a", "done"), ("02_b", "interrupted")]
     assert saved["total_s"] > 0
 
 
@@ -145,3 +146,69 @@ def test_variants_of_the_profile_run_as_steps_of_their_own(tmp_path):
     names = [s.name for s in record.steps]
     assert names[1:-1] == ["01_a", "02_b", "02_b [cpu_b]", "02_b [cpu_wikitext2]"]
     assert [s.new_stored_runs for s in record.steps[1:-1]] == [0, 0, 0, 1]
+
+
+def _git_repo(root):
+    """``root`` as a clean git checkout: a reproduce resumes only a record of the same commit."""
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                       capture_output=True)
+
+    (root / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    return git
+
+
+def test_a_killed_reproduce_resumes_at_the_same_commit_keeping_every_part(tmp_path):
+    import time
+
+    _git_repo(tmp_path)
+    calls = []
+
+    def killed_in_02(nb):  # a session that ends inside 02: the heartbeat has written its time so far
+        calls.append(nb)
+        if nb == "02_b":
+            (tmp_path / "results" / "runs" / "cpu").mkdir(parents=True, exist_ok=True)
+            (tmp_path / "results" / "runs" / "cpu" / "first.json").write_text("{}")
+            time.sleep(0.3)
+            raise SystemExit("the session ended")  # stands for SIGKILL: nothing after this runs
+        return 0
+
+    with pytest.raises(SystemExit):
+        reproduce(["01_a", "02_b", "03_c"], "cpu", tmp_path, run_notebook=killed_in_02, cpu_probe=lambda: "probe",
+                  log=lambda _: None, heartbeat_s=0.05)
+    left = _record(tmp_path)
+    assert left["status"] == "running" and left["steps"][-1]["status"] == "running"
+    assert left["steps"][-1]["seconds"] > 0.1 and left["steps"][-1]["new_stored_runs"] == 1
+
+    lines = []
+    record = reproduce(["01_a", "02_b", "03_c"], "cpu", tmp_path, run_notebook=_notebook_that_stores(tmp_path, {"02_b": 2}, calls),
+                       cpu_probe=lambda: "probe", log=lines.append, heartbeat_s=0.05)
+    assert calls == ["01_a", "02_b", "02_b", "03_c"]  # 01_a was done: not run again
+    assert record.status == "done" and len(record.sessions) == 2
+    assert [(s.name, s.status) for s in record.steps] == [
+        ("cpu probe before", "probe"), ("01_a", "done"), ("02_b", "killed"),
+        ("cpu probe before", "probe"), ("02_b", "done"), ("03_c", "done"), ("cpu probe after", "probe")]
+    assert record.total_s >= sum(s.seconds for s in record.steps) > 0.1
+    assert any(line.startswith(">> resuming the reproduce of") for line in lines)
+    table = pd.read_csv(tmp_path / "results" / "reproduce_cpu.csv")
+    assert table["new stored runs"].iloc[-1] == 3  # 1 by the killed part, 2 by the resumed one
+
+
+def test_a_finished_or_other_commits_record_is_not_resumed(tmp_path):
+    git = _git_repo(tmp_path)
+    calls = []
+    run = _notebook_that_stores(tmp_path, {}, calls)
+    reproduce(["01_a"], "cpu", tmp_path, run_notebook=run, cpu_probe=lambda: "probe", log=lambda _: None)
+    again = reproduce(["01_a"], "cpu", tmp_path, run_notebook=run, cpu_probe=lambda: "probe", log=lambda _: None)
+    assert calls == ["01_a", "01_a"] and len(again.sessions) == 1  # the first was done: a new record
+
+    saved = _record(tmp_path)
+    saved["status"] = "running"
+    (tmp_path / "results" / "reproduce_cpu.json").write_text(json.dumps(saved))
+    (tmp_path / "code.py").write_text("x = 2\n")
+    git("commit", "-qam", "other code")
+    other = reproduce(["01_a"], "cpu", tmp_path, run_notebook=run, cpu_probe=lambda: "probe", log=lambda _: None)
+    assert calls == ["01_a"] * 3 and len(other.sessions) == 1 and other.commit != saved["commit"]

@@ -15,6 +15,14 @@ Notebooks 02 and 03 read runs already in ``results/runs/<profile>/`` back instea
 them; ``new_stored_runs`` counts the records a step added there, so a total with 0 of them timed
 reading, not training. Only a reproduce that starts with that folder empty times the whole
 experiment (01 and 04-06 always train: they do not use the run store).
+
+A reproduce from an empty store outlasts a working session, so it resumes: run it again at the
+same commit and it continues the record it finds (one that is not ``done``) instead of starting a
+new one. Notebooks recorded ``done`` are skipped; the one that was running when the process died
+keeps its time so far (the record is rewritten every ``HEARTBEAT_S`` seconds while a notebook runs)
+as a ``killed`` step, and runs again as a new step, which reads back from the store what the
+killed one trained. Each session adds its own CPU probes and its machine to ``sessions``, so the
+record shows every part and where it ran; the total is the sum of the parts.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,6 +61,7 @@ class ReproduceRecord:
     steps: list[Step] = field(default_factory=list)
     total_s: float | None = None
     status: str = "running"
+    sessions: list[dict] = field(default_factory=list)  # each start or resume: when, and on what machine
 
     def table(self) -> pd.DataFrame:
         """One row per step, then the total (the CSV that the docs render)."""
@@ -126,6 +136,9 @@ def _stored_runs(runs_dir: Path) -> int:
     return len(list(runs_dir.glob("*.json"))) if runs_dir.is_dir() else 0
 
 
+HEARTBEAT_S = 60.0  # how often a running notebook's time so far is written to the record
+
+
 def _timed(name: str, fn: Callable[[], str], counts: Callable[[], int] | None = None) -> Step:
     before = counts() if counts else None
     started, t0 = _utc("%H:%M"), time.perf_counter()
@@ -134,43 +147,105 @@ def _timed(name: str, fn: Callable[[], str], counts: Callable[[], int] | None = 
     return Step(name, started, time.perf_counter() - t0, status, runs)
 
 
+def _timed_live(step: Step, fn: Callable[[], str], counts: Callable[[], int], save: Callable[[], None],
+                every_s: float) -> None:
+    """Run ``fn`` as ``step`` (already in the record, status ``running``), writing its time and new
+    runs so far every ``every_s`` seconds: a process killed meanwhile leaves them on disk."""
+    before, t0, stop = counts(), time.perf_counter(), threading.Event()
+
+    def progress() -> None:
+        step.seconds, step.new_stored_runs = time.perf_counter() - t0, counts() - before
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            progress()
+            save()
+
+    thread = threading.Thread(target=beat, daemon=True, name=f"reproduce {step.name}")
+    thread.start()
+    try:
+        step.status = fn()
+    finally:
+        stop.set()
+        thread.join()
+        progress()
+
+
+def resumable(path: Path, profile: str, commit: str | None) -> ReproduceRecord | None:
+    """The unfinished record at ``path`` that a reproduce of ``profile`` at ``commit`` continues, or
+    None: none there, finished, another profile, or another commit (its times measured other code;
+    a ``-dirty`` commit names no code at all)."""
+    if commit is None or commit.endswith("-dirty") or not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("status") == "done" or data.get("commit") != commit or data.get("profile") != profile:
+        return None
+    steps = [Step(**s) for s in data.pop("steps")]
+    for step in steps:
+        if step.status == "running":  # its process died: the heartbeat kept its time so far
+            step.status = "killed"
+    return ReproduceRecord(**{**data, "steps": steps})
+
+
 def reproduce(notebooks: list[str], profile: str, root: str | Path = ".",
               run_notebook: Callable[[str], int] | None = None,
-              cpu_probe: Callable[[], str] = probe, log: Callable[[str], None] = print) -> ReproduceRecord:
+              cpu_probe: Callable[[], str] = probe, log: Callable[[str], None] = print,
+              resume: bool = True, heartbeat_s: float = HEARTBEAT_S) -> ReproduceRecord:
     """Run ``notebooks`` in order (stop at the first that fails), between two CPU probes, writing
-    ``results/reproduce_<profile>.{json,csv}`` after every step. Returns the record; its status
-    is ``done``, ``failed at <nb>`` or, after Ctrl-C (re-raised), ``interrupted at <nb>``."""
+    ``results/reproduce_<profile>.{json,csv}`` after every step (and every ``heartbeat_s`` during
+    one). With ``resume``, an unfinished record of the same commit is continued (module
+    docstring). Returns the record; its status is ``done``, ``failed at <nb>`` or, after Ctrl-C
+    (re-raised), ``interrupted at <nb>``."""
     if not notebooks:
         raise ValueError("no notebooks to run")
     root = Path(root)
     run_notebook = run_notebook or make_notebook("make", profile, root)
-    record = ReproduceRecord(profile=profile, started=_utc(), commit=_git_commit(root), machine=machine())
     stem = root / "results" / f"reproduce_{profile}"
     runs_dir = root / "results" / "runs" / profile
+    commit = _git_commit(root)
+    record = resumable(Path(f"{stem}.json"), profile, commit) if resume else None
+    if record is None:
+        record = ReproduceRecord(profile=profile, started=_utc(), commit=commit, machine=machine())
+    else:
+        log(f">> resuming the reproduce of {record.started} at commit {commit}: "
+            f"{sum(s.seconds for s in record.steps) / 60:.1f} min recorded")
+    done = {s.name for s in record.steps if s.status == "done"}
+    earlier_s = sum(s.seconds for s in record.steps)
+    record.status, record.total_s = "running", None
+    record.sessions.append({"started": _utc(), **machine()})
+    lock = threading.Lock()
 
     def save() -> None:
-        atomic_write_text(Path(f"{stem}.json"), json.dumps(asdict(record), indent=2) + "\n")
-        atomic_write_text(Path(f"{stem}.csv"), record.table().to_csv(index=False))
+        with lock:
+            atomic_write_text(Path(f"{stem}.json"), json.dumps(asdict(record), indent=2) + "\n")
+            atomic_write_text(Path(f"{stem}.csv"), record.table().to_csv(index=False))
 
     t0 = time.perf_counter()
-    log(f">> {record.machine['cpu_name']} ({record.machine['cpu_count']} cores, "
-        f"{record.machine['cpu_capability']}), torch {record.machine['torch']}")
+    here = record.sessions[-1]
+    log(f">> {here['cpu_name']} ({here['cpu_count']} cores, {here['cpu_capability']}), torch {here['torch']}")
     record.steps.append(_timed("cpu probe before", cpu_probe))
     log(f">> before: {record.steps[-1].status}")
     save()
     steps = [step for nb in notebooks for step in [(nb, None)] + [(nb, v) for v in variants(nb, profile, root)]]
     for nb, variant in steps:
         name = nb if variant is None else f"{nb} [{variant}]"
+        if name in done:
+            log(f">> {name}: done in an earlier session")
+            continue
         store = runs_dir if variant is None else root / "results" / "runs" / variant
         run = (lambda: run_notebook(nb)) if variant is None else (lambda: run_notebook(nb, variant))
+        step = Step(name, _utc("%H:%M"), 0.0, "running", 0)
+        record.steps.append(step)
+        save()
         try:
-            step = _timed(name, lambda: "done" if run() == 0 else "failed", lambda: _stored_runs(store))
+            _timed_live(step, lambda: "done" if run() == 0 else "failed", lambda: _stored_runs(store), save,
+                        heartbeat_s)
         except KeyboardInterrupt:
+            step.status = "interrupted"
             record.status = f"interrupted at {name}"
-            record.total_s = time.perf_counter() - t0
+            record.total_s = earlier_s + time.perf_counter() - t0
             save()
             raise
-        record.steps.append(step)
         log(f">> {nb} [{variant or profile}]: {step.status} in {step.seconds:.0f} s "
             f"({step.new_stored_runs} new stored runs)")
         save()
@@ -179,7 +254,7 @@ def reproduce(notebooks: list[str], profile: str, root: str | Path = ".",
             break
     record.steps.append(_timed("cpu probe after", cpu_probe))
     log(f">> after: {record.steps[-1].status}")
-    record.total_s = time.perf_counter() - t0
+    record.total_s = earlier_s + time.perf_counter() - t0
     if record.status == "running":
         record.status = "done"
     save()
