@@ -98,19 +98,42 @@ def test_known_papermill_parameters_and_hand_runs_pass():
 
 
 def test_every_notebook_checks_its_injected_parameters_and_every_profile_passes_the_check():
-    """Each notebook calls check_injected right after its imports, and no profile file sets a name its
-    notebook lacks (the check would stop `make <notebook> PROFILE=...` there)."""
+    """Each notebook calls use_profile (check_injected, then its profile) right after its imports,
+    naming itself, and no profile file sets a name its notebook lacks (the check would stop `make <notebook> PROFILE=...` there)."""
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
         first = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
         following = next(c for c in cells[first + 1:] if c["cell_type"] == "code")
-        assert "nl.profiles.check_injected(In)" in "".join(following["source"]), path.name
+        assert f'nl.profiles.use_profile(globals(), In, "{path.stem}")' in "".join(following["source"]), path.name
         history = ["".join(c["source"]) for c in cells[: first + 1] if c["cell_type"] == "code"]
         folder = ROOT / "params" / path.stem
         for profile in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
             values = yaml.safe_load(profile.read_text())
             injected = "# Parameters\n" + "".join(f"{k} = {v!r}\n" for k, v in values.items())
             profiles.check_injected(history + [injected])
+
+
+def test_a_profile_named_in_the_parameters_cell_sets_what_papermill_did_not(capsys):
+    from test_colab import notebook_parameters
+
+    namespace = notebook_parameters(ROOT / "notebooks" / "02_seed_comparison.ipynb")
+    cells = ["", INSTALL_CELL, "# Parameters (papermill overrides these)\n" + "".join(f"{k} = {v!r}\n" for k, v in namespace.items())]
+    smoke = dict(namespace)
+    assert profiles.use_profile(smoke, cells, "02_seed_comparison") == {} and smoke == namespace  # smoke: the cell
+
+    by_hand = {**namespace, "profile": "colab"}  # on Colab: the profile named in the parameters cell
+    applied = profiles.use_profile(by_hand, cells, "02_seed_comparison")
+    assert applied == profiles.load_profile("02_seed_comparison", "colab")
+    assert all(by_hand[k] == v for k, v in applied.items())
+    assert "profile 'colab': " in capsys.readouterr().out
+
+    injected = '# Parameters\nprofile = "colab"\nworkers = 7\nseeds = [9]\n'  # papermill -p values
+    by_papermill = {**namespace, "profile": "colab", "workers": 7, "seeds": [9]}
+    applied = profiles.use_profile(by_papermill, cells + [injected], "02_seed_comparison")
+    assert by_papermill["workers"] == 7 and by_papermill["seeds"] == [9]  # papermill's values win
+    assert "workers" not in applied and by_papermill["d_model"] == applied["d_model"]
+    with pytest.raises(ValueError, match="'worker' \\(did you mean 'workers'\\?\\)"):
+        profiles.use_profile(dict(by_papermill), cells + ['# Parameters\nworker = 1\n'], "02_seed_comparison")
 
 
 def test_papermill_stops_a_notebook_at_a_misspelt_parameter(tmp_path):

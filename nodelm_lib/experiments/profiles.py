@@ -1,7 +1,7 @@
 """A notebook's profiles by name: ``params/<notebook>/<profile>.yaml``, from a checkout or a wheel.
 
     values = nl.profiles.load_profile("02_seed_comparison", "colab")
-    nl.profiles.apply_profile(globals(), "02_seed_comparison", "colab")  # in a notebook
+    nl.profiles.use_profile(globals(), In, "02_seed_comparison")  # in a notebook, after its imports
 
 The files live in ``params/`` at the repository root (papermill reads them there: ``make 02
 PROFILE=cpu``). The package reaches them through the link ``nodelm_lib/params -> ../params``,
@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import difflib
 from pathlib import Path
-from typing import Any, MutableMapping
+from typing import Any, Iterable, MutableMapping
 
 import yaml
 
@@ -67,11 +67,12 @@ def load_profile(notebook: str, profile: str) -> dict[str, Any]:
     return values
 
 
-def apply_profile(namespace: MutableMapping[str, Any], notebook: str, profile: str | None = None) -> dict[str, Any]:
+def apply_profile(namespace: MutableMapping[str, Any], notebook: str, profile: str | None = None,
+                  keep: Iterable[str] = ()) -> dict[str, Any]:
     """Set ``notebook``'s parameters in ``namespace`` (a notebook's ``globals()``) to the values
-    of ``profile`` (default: ``namespace["profile"]``) and return them; ``smoke`` sets nothing.
-    A profile key that is not already a parameter in ``namespace`` is refused: a misspelt one
-    would otherwise be a new variable that nothing reads."""
+    of ``profile`` (default: ``namespace["profile"]``), except the names in ``keep``, and return
+    what it set; ``smoke`` sets nothing. A profile key that is not already a parameter in
+    ``namespace`` is refused: a misspelt one would otherwise be a new variable that nothing reads."""
     profile = namespace.get("profile", SMOKE) if profile is None else profile
     if profile == SMOKE:
         return {}
@@ -79,8 +80,24 @@ def apply_profile(namespace: MutableMapping[str, Any], notebook: str, profile: s
     unknown = sorted(set(values) - set(namespace))
     if unknown:
         raise ValueError(f"profile {profile!r} of {notebook!r} sets {unknown}, which are not parameters of the notebook")
-    namespace.update(values)
-    return values
+    applied = {k: v for k, v in values.items() if k not in set(keep)}
+    namespace.update(applied)
+    return applied
+
+
+def use_profile(namespace: MutableMapping[str, Any], history: list[str], notebook: str) -> dict[str, Any]:
+    """What every notebook calls right after its imports, with ``globals()`` and ``In``:
+    ``check_injected(history)``, then the values of the profile its parameters name
+    (``profile = "colab"``) for every parameter papermill did not set. Papermill's values win:
+    ``make 02 PROFILE=cpu`` injects the whole file anyway, and ``-p workers 1`` must not be
+    undone by the file's ``workers: 2``. On Colab, naming the profile in the parameters cell is
+    then all it takes. Returns what it set (empty for ``smoke``, the parameters cell itself)."""
+    check_injected(history)
+    injected = _injected_cell(history)
+    applied = apply_profile(namespace, notebook, keep=_assigned(injected) if injected else ())
+    if applied:
+        print(f"profile {namespace['profile']!r}: {len(applied)} values from params/{notebook}/{namespace['profile']}.yaml")
+    return applied
 
 
 # papermill's translator writes the injected cell as this comment line, then one assignment per value
@@ -97,17 +114,27 @@ def check_injected(history: list[str]) -> None:
     among them. Call it in the cell after the parameters: ``nl.profiles.check_injected(In)``.
     Without an injected cell (a notebook run by hand) there is nothing to check."""
     cells = [c for c in history if isinstance(c, str)]
-    injected = [i for i, c in enumerate(cells) if c.splitlines()[:1] == [INJECTED_HEADER]]
+    injected = [i for i, c in enumerate(cells) if _is_injected(c)]
     if not injected:
         return
     last = injected[-1]
-    declared = set().union(*(_assigned(c) for c in cells[:last] if not c.startswith(INJECTED_HEADER + "\n")))
+    declared = set().union(*(_assigned(c) for c in cells[:last] if not _is_injected(c)))
     unknown = sorted(_assigned(cells[last]) - declared)
     if unknown:
         hints = {name: difflib.get_close_matches(name, sorted(declared), n=1) for name in unknown}
         said = "; ".join(f"{n!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for n, h in hints.items())
         raise ValueError(f"papermill set {said}, which this notebook's parameters cell does not define; its "
                          f"parameters: {', '.join(sorted(n for n in declared if not n.startswith('_')))}")
+
+
+def _is_injected(cell: str) -> bool:
+    return cell.splitlines()[:1] == [INJECTED_HEADER]
+
+
+def _injected_cell(history: list[str]) -> str | None:
+    """The source of the last cell papermill injected into ``history``, or None."""
+    cells = [c for c in history if isinstance(c, str) and _is_injected(c)]
+    return cells[-1] if cells else None
 
 
 def _assigned(source: str) -> set[str]:
