@@ -119,6 +119,32 @@ def test_notebook_writes_only_under_work_dir(tmp_path):
         assert changed == [], f"{d}/ changed by a notebook told to write under {work}: {changed}"
 
 
+def test_every_notebook_trains_through_the_run_store():
+    """A notebook rerun after a disconnect must read finished work back: none calls nl.train itself."""
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+        assert "nl.train(" not in code, f"{path.name} trains outside the run store (use nl.run / nl.sweep)"
+
+
+def test_a_notebook_rerun_reads_its_runs_back_and_trains_nothing(tmp_path):
+    """Notebook 01 (smoke) run twice into one work_dir, as after a Colab disconnect: the second run
+    rewrites no record or checkpoint and gives the same table."""
+    papermill = pytest.importorskip("papermill")
+    work = tmp_path / "work"
+    params = {"work_dir": str(work), "max_steps": 20, "eval_interval": 10}
+
+    def execute(name):
+        papermill.execute_notebook(str(ROOT / "notebooks" / "01_gradient_flow.ipynb"), str(tmp_path / name),
+                                   parameters=params, cwd=str(tmp_path), kernel_name="python3", progress_bar=False)
+        return (work / "results" / "gradient_flow_smoke.csv").read_text()
+
+    first = execute("first.ipynb")
+    trained = {f: t for f, t in _files(work).items() if f.startswith(("results/runs/smoke/", "checkpoints/runs/smoke/"))}
+    assert sum(f.startswith("results/") for f in trained) == 2 and sum(f.endswith(".pt") for f in trained) == 2, sorted(trained)
+    assert execute("again.ipynb") == first
+    assert {f: t for f, t in _files(work).items() if f in trained} == trained  # nothing trained or written again
+
+
 def test_workspace_is_exported():
     assert nl.workspace is workspace and isinstance(nl.workspace(str(ROOT)), nl.Workspace)
 

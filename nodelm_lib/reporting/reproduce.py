@@ -11,10 +11,12 @@ so that a reproduce stopped halfway keeps the times it measured, and a total quo
 from a record. A notebook with variants of the profile (``params/<nb>/<profile>_<name>.yaml``, e.g.
 02's ``cpu_wikitext2``: a second corpus) runs once per variant too, each a step of its own. The CPU probe (``profiling.cpu_availability``) runs before and after: on a shared
 VM the same profile takes very different wall times, and the reading says what kind of day it was.
-Notebooks 02 and 03 read runs already in ``results/runs/<profile>/`` back instead of training
-them; ``new_stored_runs`` counts the records a step added there, so a total with 0 of them timed
-reading, not training. Only a reproduce that starts with that folder empty times the whole
-experiment (01 and 04-06 always train: they do not use the run store).
+Every notebook that trains does so through the run store ``results/runs/<profile>/`` and reads
+a run already there back instead of training it; ``new_stored_runs`` counts the records a step
+added there, so a total with 0 of them timed reading, not training. Only a reproduce that starts
+with that folder empty times the whole experiment. (01, 04 and 06 analyse final weights, which
+are kept under ``checkpoints/`` and not committed: from a fresh clone they train their runs
+again and rewrite their records (the same numbers on the same kind of CPU).)
 
 A reproduce from an empty store outlasts a working session, so it resumes: run it again at the
 same commit and it continues the record it finds (one that is not ``done``) instead of starting a
