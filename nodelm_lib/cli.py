@@ -15,6 +15,9 @@ Subcommands:
             files aside so that their runs train again (``store quarantine DIR``)
   cpu       how much of one core's speed this (shared) machine gives now; ``make reproduce``
             measures it before and after, to read its timings by
+  chunk     run a notebook's profile within a time budget (runs that cannot finish in time are
+            not started) and pack the records it added into one archive (``runs/chunks.py``)
+  import-runs  check the records of chunk archives and add them to a run store
 """
 
 from __future__ import annotations
@@ -196,6 +199,29 @@ def _store(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chunk(args: argparse.Namespace) -> int:
+    from nodelm_lib.reporting.reproduce import make_notebook
+    from nodelm_lib.runs.chunks import describe, run_chunk
+
+    root = Path(args.root)
+    store = Path(args.store) if args.store else root / "results" / "runs" / args.profile
+    notebook = make_notebook(args.make, args.profile, root)
+    result = run_chunk(lambda env: notebook(args.notebook, env=env), store, args.archive, args.budget,
+                       args.unknown_run_s)
+    print(describe(result, args.archive))
+    return result.exit_code
+
+
+def _import_runs(args: argparse.Namespace) -> int:
+    from nodelm_lib.runs.chunks import import_archive
+
+    for archive in args.archives:
+        done = import_archive(archive, args.store)
+        print(f"{archive}: {len(done['added'])} file(s) added to {args.store}, {len(done['same'])} already there "
+              f"with the same results")
+    return 0
+
+
 def count(minimum: int):
     """An argparse type: an integer >= ``minimum``, else an error naming the value."""
     def parse(text: str) -> int:
@@ -284,6 +310,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true",
                    help="start a new record even where an unfinished one of this commit could be resumed")
     p.set_defaults(func=_reproduce)
+
+    p = sub.add_parser("chunk", help="run a notebook's profile within a time budget and pack its new records")
+    p.add_argument("notebook", help="a Makefile notebook target, e.g. 02_seed_comparison")
+    p.add_argument("--profile", required=True, help="params/<notebook>/<profile>.yaml, e.g. gpu")
+    p.add_argument("--budget", type=number(0, low_open=True), required=True,
+                   help="seconds from now within which every started run must finish (leave a minute for start-up "
+                        "and packing below a command's time limit)")
+    p.add_argument("--archive", required=True, help="the .tar.gz to write the new records into")
+    p.add_argument("--unknown-run-s", type=number(0), default=None,
+                   help="seconds to assume for a run that no stored record can time (default 300)")
+    p.add_argument("--store", help="the notebook's run store (default: <root>/results/runs/<profile>)")
+    p.add_argument("--make", default="make", help="make command")
+    p.add_argument("--root", default=".", help="repository root (Makefile, results/)")
+    p.set_defaults(func=_chunk)
+
+    p = sub.add_parser("import-runs", help="check the records of chunk archives and add them to a run store")
+    p.add_argument("archives", nargs="+", help="archives written by `chunk`")
+    p.add_argument("--store", required=True, help="the run store to add them to, e.g. results/runs/gpu")
+    p.set_defaults(func=_import_runs)
 
     p = sub.add_parser("store", help="check a run store's records (and checkpoints); move bad ones aside")
     p.add_argument("action", choices=("check", "quarantine"),

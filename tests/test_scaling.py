@@ -15,9 +15,10 @@ from scipy import optimize
 import nodelm_lib as nl
 from nodelm_lib.experiments import protocol, scaling, sweep_time
 from nodelm_lib.reporting import stats, trends
-from nodelm_lib.training.record import RunRecord
-from nodelm_lib.runs.store import run_hash
+from nodelm_lib.runs import timing
+from nodelm_lib.runs.store import load_records, run_hash
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
+from nodelm_lib.training.record import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -279,13 +280,13 @@ def test_step_times_are_measured_for_a_stored_model_and_scaled_by_flops_for_anot
                                eval_on="batches", device="cpu")
     cells = scaling.width_cells(base.model, ["gpt", "ti_mlp"], [16, 32, 64])
     configs = {name: nl.config.with_values(base, cell) for name, cell in cells.items()}
-    flops = {name: sweep_time._flops(tc, {}) for name, tc in configs.items()}
+    flops = {name: timing._flops(tc, {}) for name, tc in configs.items()}
     # gpt at 16 and 32: a + b F with a fixed share of 0.25 at d=32; ti_mlp measured at 32 only
     b = 0.75 * 0.1 / flops["gpt d=32"]
     a = 0.1 - b * flops["gpt d=32"]
     for name, s in {"gpt d=16": a + b * flops["gpt d=16"], "gpt d=32": 0.1, "ti_mlp d=32": 0.2}.items():
         fake_record(configs[name], s).to_json(tmp_path / f"{name}.json")
-    got = sweep_time.step_seconds([configs["gpt d=32"], configs["ti_mlp d=64"], configs["gpt d=64"]], tmp_path)
+    got = timing.step_seconds([configs["gpt d=32"], configs["ti_mlp d=64"], configs["gpt d=64"]], load_records(tmp_path))
     assert got["source"].iloc[0] == "measured" and got["s_per_step"].iloc[0] == pytest.approx(0.1)
     scale = 0.25 + 0.75 * flops["ti_mlp d=64"] / flops["ti_mlp d=32"]
     assert got["s_per_step"].iloc[1] == pytest.approx(0.2 * scale, rel=1e-6)

@@ -1,10 +1,9 @@
 """How long a sweep's runs take, from the per-step times of a store's records (notebook 07's
 estimate; any notebook with phases of ``(name, TrainConfig)`` runs can use it).
 
-A config's seconds per step come from the records of the same run shape ("measured"), else from the
-nearest width of the same model, or of ``gpt``, scaled by forward FLOPs with the share of a step that
-does not grow with them (``fixed_share``); a run costs its steps times that plus ``STARTUP_S``, and
-the runs of a phase are packed onto ``workers`` lanes longest first (``makespan``).
+Each run costs its steps times its seconds per step (``runs.timing.step_seconds``) plus
+``STARTUP_S``, and the runs of a phase are packed onto ``workers`` lanes longest first
+(``makespan``).
 """
 
 from __future__ import annotations
@@ -15,88 +14,9 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from nodelm_lib.config import TrainConfig, to_dict
+from nodelm_lib.config import TrainConfig
 from nodelm_lib.runs.store import finished_record, load_records
-from nodelm_lib.training.evaluation import with_tokenizer_vocab
-
-
-# process start-up of an isolated run, which its record does not time (the interpreter, torch and the
-# tokenised data): a rounded-up allowance, measured on the docs' Benchmarks page
-STARTUP_S = 3.0
-
-
-def _run_key(config: dict, width: bool = True) -> str:
-    model = {k: v for k, v in config["model"].items() if width or k != "d_model"}
-    return repr([model, config["batch_size"], config["seq_len"], config["device"], config["dtype"]])
-
-
-def _flops(tc: TrainConfig, cache: dict) -> float:
-    """Forward FLOPs per token of ``tc`` (counted once per model and shape)."""
-    from nodelm_lib.training.flops import forward_flops
-
-    key = _run_key(to_dict(with_tokenizer_vocab(tc)))
-    if key not in cache:
-        cache[key] = forward_flops(tc)
-    return cache[key]
-
-
-def _timings(timing_store, cache: dict) -> pd.DataFrame:
-    """One row per completed record of ``timing_store``: exact and width-free keys, arch, width,
-    CPU, seconds per step with its evaluations (wall time / steps) and forward FLOPs per token."""
-    rows = []
-    for r in load_records(timing_store):
-        steps, c = len(r.metrics), r.config
-        if r.status != "completed" or not steps or r.wall_time_s < r.train_time_s or r.train_time_s <= 0:
-            continue  # a resumed run's wall time covers its last part only
-        rows.append({"key": _run_key(c), "family": _run_key(c, width=False),
-                     "reference": c["model"]["arch"] == "gpt" and not c["model"]["parallel"],
-                     "width": c["model"]["d_model"], "cpu": r.environment.get("cpu_capability", "?"),
-                     "s_per_step": r.wall_time_s / steps, "flops": _flops(r.train_config, cache)})
-    return pd.DataFrame(rows, columns=["key", "family", "reference", "width", "cpu", "s_per_step", "flops"])
-
-
-def fixed_share(timings: pd.DataFrame) -> float:
-    """The share of a step that does not grow with its FLOPs (optimizer and per-operator overheads),
-    at the larger width, from the arms measured at two or more widths on one CPU type: per
-    (arm, CPU), s/step = a + b FLOPs fitted through the medians; the median share a / s over them
-    (0 where no arm was measured at two widths: time then scales with FLOPs alone)."""
-    shares = []
-    for _, g in timings.groupby(["family", "cpu"]):
-        med = g.groupby("flops")["s_per_step"].median()
-        if len(med) >= 2:
-            b, a = np.polyfit(med.index.to_numpy(float), med.to_numpy(float), 1)
-            shares.append(float(np.clip(a / (a + b * med.index.max()), 0.0, 0.95)))
-    return float(np.median(shares)) if shares else 0.0
-
-
-def step_seconds(configs: list[TrainConfig], timing_store) -> pd.DataFrame:
-    """Seconds per training step (evaluations included) of each config, from the records of
-    ``timing_store``: the median of the records of the same model, batch, sequence length, device
-    and dtype ("measured"); else of the same model at the nearest width in FLOPs, or, for an arm
-    with no record at all, of ``gpt`` (sequential blocks) at the nearest width, scaled as
-    ``s (share + (1 - share) F / F_measured)`` with ``fixed_share`` ("scaled"); NaN without any."""
-    cache: dict = {}
-    timings = _timings(timing_store, cache)
-    share = fixed_share(timings)
-    exact = timings.groupby("key")["s_per_step"].median()
-    rows = []
-    for tc in configs:
-        c = to_dict(with_tokenizer_vocab(tc))
-        if _run_key(c) in exact.index:
-            rows.append({"s_per_step": float(exact[_run_key(c)]), "source": "measured"})
-            continue
-        same, whose = timings[timings["family"] == _run_key(c, width=False)], "its own"
-        if same.empty:
-            same, whose = timings[timings["reference"]], "no record of this arm: gpt's"
-        if same.empty:
-            rows.append({"s_per_step": math.nan, "source": "no record of this arm or of gpt"})
-            continue
-        flops = _flops(tc, cache)
-        near = same.loc[(np.log(same["flops"]) - math.log(flops)).abs().idxmin()]
-        scale = share + (1 - share) * flops / float(near["flops"])
-        rows.append({"s_per_step": float(same.loc[same["key"] == near["key"], "s_per_step"].median()) * scale,
-                     "source": f"{whose} at d={int(near['width'])} scaled by FLOPs (fixed share {share:.2f})"})
-    return pd.DataFrame(rows)
+from nodelm_lib.runs.timing import STARTUP_S, step_seconds
 
 
 def format_time_estimate(totals: pd.DataFrame, workers: int) -> str:
@@ -134,7 +54,7 @@ def time_estimate(phases: Mapping[str, list[tuple[str, TrainConfig]]], timing_st
     seconds per step + ``startup_s``."""
     rows = []
     for phase, labelled in phases.items():
-        per_step = step_seconds([tc for _, tc in labelled], timing_store)
+        per_step = step_seconds([tc for _, tc in labelled], load_records(timing_store))
         for (cell, tc), (_, s) in zip(labelled, per_step.iterrows()):
             rows.append({"phase": phase, "cell": cell, "steps": tc.max_steps, "s_per_step": s["s_per_step"],
                          "source": s["source"], "seconds": tc.max_steps * s["s_per_step"] + startup_s,

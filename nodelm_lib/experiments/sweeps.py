@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.runs import claims
+from nodelm_lib.runs.budget import BudgetReached
 from nodelm_lib.runs.records import record_row
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records, run, run_hash, stored_record)
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
@@ -127,13 +128,23 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
     if workers > 1 and not isolate:
         raise ValueError("workers > 1 needs isolate=True: runs in one process would share its threads and memory")
     bar = tqdm(total=len(configs), disable=not progress, desc="sweep", unit="run")
+    not_started: list[str] = []  # runs that did not fit in a time budget (budget.py)
+
+    def run_if_it_fits(*args) -> RunRecord | None:
+        try:
+            return run(*args)
+        except BudgetReached as err:  # a later, shorter run may still fit: go on, then say what was left
+            not_started.append(str(err))
+            return None
+
     if workers == 1:
         records = []
         for tc, label in zip(configs, labels):
             bar.set_postfix_str(label)
-            records.append(run(tc, store, checkpoints, isolate=isolate, need_checkpoint=need_checkpoint))
+            records.append(run_if_it_fits(tc, store, checkpoints, isolate, need_checkpoint))
             bar.update(1)
         bar.close()
+        _stop_if_not_started(not_started)
         return records
     threads = max(1, (os.cpu_count() or 1) // workers)
     hashes = [run_hash(tc) for tc in configs]
@@ -142,7 +153,7 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
     cost = dict(zip(to_train, expected_seconds(list(to_train.values()), store))) if to_train else {}
     longest_first = sorted(unique, key=lambda h: -cost.get(h, 0.0))  # stored runs (cost 0) return at once
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = {h: pool.submit(run, unique[h], store, checkpoints, True, need_checkpoint, threads)
+        futures = {h: pool.submit(run_if_it_fits, unique[h], store, checkpoints, True, need_checkpoint, threads)
                    for h in longest_first}
         try:
             for future in concurrent.futures.as_completed(futures.values()):
@@ -154,7 +165,15 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
             raise
         finally:
             bar.close()
+    _stop_if_not_started(not_started)
     return [futures[h].result() for h in hashes]
+
+
+def _stop_if_not_started(not_started: list[str]) -> None:
+    """Raise ``BudgetReached`` naming the runs left for the next chunk, after the ones that fit."""
+    if not_started:
+        raise BudgetReached(f"{len(not_started)} run(s) did not fit in the time budget and were not started (the "
+                            f"next chunk trains them); the first: {not_started[0]}")
 
 
 def train_all(configs: Iterable[TrainConfig], store: str | Path = DEFAULT_STORE,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import subprocess
 import threading
 import time
@@ -105,10 +106,11 @@ def _git_commit(root: Path) -> str | None:
 
 def make_notebook(make: str, profile: str, root: Path) -> Callable[..., int]:
     """The default way to run one notebook: ``make --no-print-directory <nb> PROFILE=<profile>``
-    (``run(nb, variant)`` runs it with another profile: a variant, see ``variants``)."""
-    def run(notebook: str, variant: str | None = None) -> int:
+    (``run(nb, variant)`` runs it with another profile: a variant, see ``variants``; ``env``
+    adds environment variables)."""
+    def run(notebook: str, variant: str | None = None, env: dict[str, str] | None = None) -> int:
         return subprocess.run([make, "--no-print-directory", notebook, f"PROFILE={variant or profile}"],
-                              cwd=root).returncode
+                              cwd=root, env={**os.environ, **(env or {})}).returncode
     return run
 
 

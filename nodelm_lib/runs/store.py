@@ -32,6 +32,7 @@ from nodelm_lib.training.loop import train
 from nodelm_lib.training.record import CHECKPOINT_NAME, RunRecord
 
 from . import claims
+from .budget import check_budget
 from .isolated import train_in_subprocess
 from .records import recount_flops
 
@@ -85,7 +86,9 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
     ``need_checkpoint=True`` retrains a stored run whose final model is not on disk (records are committed, checkpoints are not); training is
     deterministic, so the record it writes again holds the same numbers. Returns the stored
     record; an in-process run also carries the trained model as ``record.model``. While another
-    worker holds the run's claim (``claims.py``), this waits for it and reads its record.
+    worker holds the run's claim (``claims.py``), this waits for it and reads its record. Under a
+    time budget (``budget.py``), a run that cannot finish in time raises ``BudgetReached``
+    before it starts.
     """
     tc = with_tokenizer_vocab(tc)
     done = finished_record(tc, store, checkpoints, need_checkpoint)
@@ -95,6 +98,7 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
         done = finished_record(tc, store, checkpoints, need_checkpoint)  # the worker waited for may have stored it
         if done is not None:
             return done
+        check_budget(tc, lambda: load_records(store))
         return train_into_store(tc, store, checkpoints, isolate, threads)
 
 

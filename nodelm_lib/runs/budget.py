@@ -1,0 +1,91 @@
+"""A time budget for training: start a run only if it can finish before a deadline.
+
+GPU time may come in short leases (minutes at a stretch, a few minutes per command), so a sweep
+is trained in chunks: ``python -m nodelm_lib chunk`` runs a notebook with a deadline, and every
+run the notebook asks for (``store.run``, hence ``nl.sweep`` and the notebooks) first checks that
+it fits. The deadline travels in the environment (``DEADLINE_ENV``, seconds since the epoch), so
+it reaches the notebook's kernel and the isolated workers a sweep starts.
+
+A run is estimated as its steps times its seconds per step, from the records already in its
+store (``timing.step_seconds``: the same shape measured, else scaled by FLOPs from another width
+or from ``gpt``), plus ``timing.STARTUP_S``. A run with nothing to estimate it by (the first of a
+store) is assumed to take ``UNKNOWN_ENV`` seconds (``DEFAULT_UNKNOWN_RUN_S`` by default). A run
+that does not fit raises ``BudgetReached``: nothing of it has started, so the sweep stops with
+every finished run stored and none half done.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Callable, Iterable
+
+from nodelm_lib.config import TrainConfig
+from nodelm_lib.runs.timing import STARTUP_S, step_seconds
+from nodelm_lib.training.record import RunRecord
+
+DEADLINE_ENV = "NODELM_DEADLINE"
+UNKNOWN_ENV = "NODELM_UNKNOWN_RUN_S"
+DEFAULT_UNKNOWN_RUN_S = 300.0
+# where each run that did not fit is reported (a line each), so that a caller (``chunks``) tells a
+# stop at the budget from a failure whatever the notebook's runner prints
+REPORT_ENV = "NODELM_BUDGET_REPORT"
+
+
+class BudgetReached(RuntimeError):
+    """The next run would not finish before the deadline; nothing of it was started."""
+
+
+def deadline() -> float | None:
+    """The deadline (seconds since the epoch) set in the environment, or None for no budget."""
+    value = os.environ.get(DEADLINE_ENV)
+    if not value:
+        return None
+    try:
+        when = float(value)
+    except ValueError:
+        raise ValueError(f"{DEADLINE_ENV}={value!r} is not valid: it must be seconds since the epoch") from None
+    if not math.isfinite(when):
+        raise ValueError(f"{DEADLINE_ENV}={value!r} is not valid: it must be a finite time")
+    return when
+
+
+def unknown_run_s() -> float:
+    """Seconds assumed for a run that no stored record can time."""
+    value = os.environ.get(UNKNOWN_ENV)
+    if not value:
+        return DEFAULT_UNKNOWN_RUN_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"{UNKNOWN_ENV}={value!r} is not valid: it must be a number of seconds >= 0")
+    return seconds
+
+
+def estimate_run_s(tc: TrainConfig, records: Iterable[RunRecord]) -> tuple[float, str]:
+    """Seconds ``tc`` would take to train, and how that was estimated."""
+    per_step = step_seconds([tc], records).iloc[0]
+    if not math.isfinite(per_step["s_per_step"]):
+        return unknown_run_s(), f"assumed ({UNKNOWN_ENV}): {per_step['source']}"
+    return tc.max_steps * per_step["s_per_step"] + STARTUP_S, str(per_step["source"])
+
+
+def check_budget(tc: TrainConfig, records: Callable[[], Iterable[RunRecord]]) -> None:
+    """Raise ``BudgetReached`` unless ``tc`` can finish before the deadline (none set: always).
+    ``records`` gives the finished records to estimate it by (called only under a deadline)."""
+    until = deadline()
+    if until is None:
+        return
+    left = until - time.time()
+    need, how = estimate_run_s(tc, records())
+    if need > left:
+        message = (f"run {tc.config_hash()} ({tc.model.arch}, seed {tc.seed}, {tc.max_steps} steps) needs about "
+                   f"{need:.0f} s ({how}) and {max(left, 0):.0f} s of the budget are left")
+        report = os.environ.get(REPORT_ENV)
+        if report:
+            with open(report, "a") as f:
+                f.write(message.replace("\n", " ") + "\n")
+        raise BudgetReached(message + ": not started")

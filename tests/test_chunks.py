@@ -1,0 +1,165 @@
+"""Sweeps in chunks: a time budget that starts only runs that can finish, the archive of a chunk's
+records, and its import into a store (a conflicting record refused)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tarfile
+import time
+from unittest import mock
+
+import pytest
+
+import nodelm_lib as nl
+from nodelm_lib.cli import main
+from nodelm_lib.experiments.sweeps import train_all
+from nodelm_lib.runs import budget, chunks
+from nodelm_lib.runs.store import load_records, record_path, run_hash
+from nodelm_lib.training.integrity import RecordError
+from nodelm_lib.training.record import RunRecord
+
+
+def tiny(seed: int, steps: int) -> nl.TrainConfig:
+    model = nl.ModelConfig(arch="gpt", d_model=16, n_heads=2, n_layers=1, max_seq_len=16)
+    return nl.TrainConfig(model=model, dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16,
+                          max_steps=steps, eval_interval=steps, eval_batches=1, eval_on="batches", lr=1e-3,
+                          seed=seed, device="cpu", progress=False)
+
+
+@pytest.fixture
+def deadline_in(monkeypatch):
+    """Set the budget: runs must finish within ``seconds``; an untimed run is assumed ``unknown_s``."""
+    def set_budget(seconds: float, unknown_s: float = 5.0) -> None:
+        monkeypatch.setenv(budget.DEADLINE_ENV, repr(time.time() + seconds))
+        monkeypatch.setenv(budget.UNKNOWN_ENV, repr(unknown_s))
+    return set_budget
+
+
+def test_without_a_deadline_every_run_may_start(monkeypatch):
+    monkeypatch.delenv(budget.DEADLINE_ENV, raising=False)
+    budget.check_budget(tiny(0, 10**9), lambda: pytest.fail("no deadline: nothing to estimate"))
+
+
+def test_a_run_that_cannot_finish_is_not_started_and_says_why(deadline_in):
+    deadline_in(60, unknown_s=61)
+    with pytest.raises(budget.BudgetReached, match=r"needs about 61 s \(assumed \(NODELM_UNKNOWN_RUN_S\).*: not started"):
+        budget.check_budget(tiny(0, 4), lambda: [])
+    deadline_in(60, unknown_s=59)
+    budget.check_budget(tiny(0, 4), lambda: [])
+
+
+@pytest.mark.parametrize("name,value", [(budget.DEADLINE_ENV, "soon"), (budget.DEADLINE_ENV, "nan"),
+                                        (budget.UNKNOWN_ENV, "-1"), (budget.UNKNOWN_ENV, "inf")])
+def test_a_bad_budget_setting_is_named(monkeypatch, name, value):
+    monkeypatch.setenv(budget.DEADLINE_ENV, repr(time.time() + 60))
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name}='{value}' is not valid"):
+        budget.check_budget(tiny(0, 4), lambda: [])
+
+
+def test_a_sweep_under_a_budget_trains_what_fits_and_leaves_the_rest(tmp_path, deadline_in):
+    store = tmp_path / "store"
+    first, endless, second = tiny(0, 4), tiny(2, 10**7), tiny(1, 4)
+    deadline_in(300, unknown_s=5)
+    # the first run is untimed (assumed 5 s); then the store times its shape, the endless run cannot
+    # fit, and the last one still does: the sweep goes on past a run that does not fit
+    with pytest.raises(budget.BudgetReached, match=r"1 run\(s\) did not fit .* the first: run [0-9a-f]{16} \(gpt, seed 2"):
+        train_all([first, endless, second], store=store, checkpoints=tmp_path / "ckpt", isolate=False, progress=False)
+    stored = {r.seed for r in load_records(store)}
+    assert stored == {0, 1}
+    assert not record_path(store, run_hash(endless)).exists()
+
+
+def fake_notebook(configs, store, tmp_path):
+    """A stand-in for `make <nb>`: trains ``configs`` into ``store`` under the chunk's environment
+    and fails as a notebook does when a run did not fit."""
+    def run(env: dict) -> int:
+        with mock.patch.dict(os.environ, env):
+            try:
+                train_all(configs, store=store, checkpoints=tmp_path / "ckpt", isolate=False, progress=False)
+            except budget.BudgetReached:
+                return 1
+        return 0
+    return run
+
+
+def test_chunks_pack_what_they_trained_and_import_into_another_store(tmp_path):
+    store, home = tmp_path / "lease", tmp_path / "home"
+    configs = [tiny(0, 4), tiny(1, 10**7)]
+    result = chunks.run_chunk(fake_notebook(configs, store, tmp_path), store, tmp_path / "a.tar.gz", budget_s=300,
+                              unknown_run_s=5)
+    assert result.outcome == "budget" and result.exit_code == chunks.EXIT_MORE
+    assert result.packed == [f"{run_hash(configs[0])}.json"] and "seed 1" in result.stops[0]
+    with tarfile.open(tmp_path / "a.tar.gz") as tar:
+        assert tar.getnames() == result.packed  # records only: no checkpoint travels
+
+    done = chunks.import_archive(tmp_path / "a.tar.gz", home)
+    assert done == {"added": result.packed, "same": []}
+    assert [r.config_hash for r in load_records(home)] == [run_hash(configs[0])]
+    assert chunks.import_archive(tmp_path / "a.tar.gz", home) == {"added": [], "same": result.packed}
+
+    # the next chunk finds the first run stored and packs only what it adds
+    result = chunks.run_chunk(fake_notebook(configs[:1] + [tiny(2, 4)], store, tmp_path), store, tmp_path / "b.tar.gz",
+                              budget_s=300, unknown_run_s=5)
+    assert result.outcome == "complete" and result.exit_code == 0
+    assert result.packed == [f"{run_hash(tiny(2, 4))}.json"]
+
+
+def test_a_record_the_store_holds_with_other_results_is_refused_and_nothing_is_imported(tmp_path):
+    store, home = tmp_path / "lease", tmp_path / "home"
+    configs = [tiny(0, 4), tiny(1, 4)]
+    chunks.run_chunk(fake_notebook(configs, store, tmp_path), store, tmp_path / "a.tar.gz", budget_s=300, unknown_run_s=5)
+    home.mkdir()
+    # the same run trained by other code: a valid record (its digest rewritten) with another first loss
+    other = RunRecord.from_json(record_path(store, run_hash(configs[0])))
+    other.metrics[0]["loss"] += 0.5
+    other.to_json(record_path(home, run_hash(configs[0])))
+    with pytest.raises(RecordError, match=r"nothing imported; .*the store holds this run with other results"):
+        chunks.import_archive(tmp_path / "a.tar.gz", home)
+    assert not record_path(home, run_hash(configs[1])).exists()
+
+
+@pytest.mark.parametrize("member", ["../evil.json", "checkpoint.pt", "deep/er/x.json"])
+def test_an_archive_holding_anything_but_records_is_refused(tmp_path, member):
+    source = tmp_path / "x.json"
+    source.write_text("{}")
+    with tarfile.open(tmp_path / "bad.tar.gz", "w:gz") as tar:
+        tar.add(source, arcname=member)
+    with pytest.raises(RecordError, match="is not a run record or stored evaluations file"):
+        chunks.import_archive(tmp_path / "bad.tar.gz", tmp_path / "home")
+
+
+def test_a_tampered_record_in_an_archive_is_refused(tmp_path):
+    store = tmp_path / "lease"
+    chunks.run_chunk(fake_notebook([tiny(0, 4)], store, tmp_path), store, tmp_path / "a.tar.gz", budget_s=300, unknown_run_s=5)
+    path = record_path(store, run_hash(tiny(0, 4)))
+    data = json.loads(path.read_text())
+    data["final"]["val_loss"] = 0.1  # edited by hand: the digest no longer agrees
+    path.write_text(json.dumps(data))
+    chunks.pack(store, {}, tmp_path / "edited.tar.gz")
+    with pytest.raises(RecordError, match="nothing imported"):
+        chunks.import_archive(tmp_path / "edited.tar.gz", tmp_path / "home")
+
+
+def test_the_chunk_command_passes_the_budget_to_make_and_packs_what_it_stored(tmp_path):
+    """`python -m nodelm_lib chunk` with a stand-in for make that stores a record and reports a
+    run that did not fit, as a notebook under the budget does; then `import-runs`."""
+    donor = tmp_path / "donor"
+    train_all([tiny(0, 4)], store=donor, checkpoints=tmp_path / "ckpt", isolate=False, progress=False)
+    name = f"{run_hash(tiny(0, 4))}.json"
+    store = tmp_path / "results" / "runs" / "tiny"
+    store.mkdir(parents=True)
+    fake_make = tmp_path / "fake_make"
+    fake_make.write_text(f'#!/bin/sh\necho "$@ $NODELM_DEADLINE" > {tmp_path}/called\ncp {donor / name} {store}/\n'
+                         f'echo "run x does not fit" >> "$NODELM_BUDGET_REPORT"\nexit 2\n')
+    fake_make.chmod(fake_make.stat().st_mode | stat.S_IXUSR)
+    archive = tmp_path / "out" / "chunk.tar.gz"
+    code = main(["chunk", "02_x", "--profile", "tiny", "--budget", "100", "--archive", str(archive),
+                 "--root", str(tmp_path), "--make", str(fake_make)])
+    assert code == chunks.EXIT_MORE
+    called = (tmp_path / "called").read_text().split()
+    assert called[:3] == ["--no-print-directory", "02_x", "PROFILE=tiny"] and float(called[3]) > time.time()
+    assert main(["import-runs", str(archive), "--store", str(tmp_path / "home")]) == 0
+    assert (tmp_path / "home" / name).read_bytes() == (donor / name).read_bytes()
