@@ -5,6 +5,7 @@
     tokenizers.py    get_tokenizer, CharTokenizer (UTF-8 bytes), GPT2Tokenizer (tiktoken), cut_text
     token_cache.py   load_tokens: a split tokenised once into a checked, memory-mapped .npy cache
     batches.py       sample_batch, fixed_batches, split_windows: (x, y) windows of the token ids
+    words.py         count_words, split_words, word_perplexity: perplexity per word of a subword model
 
 A split's text is streamed, never held whole: hashed in one pass (the cache key, and the check
 against a pinned sha256), tokenised piece by piece into the cache in another, so WikiText-103
@@ -25,6 +26,7 @@ from .sources import (CORPORA, HUB_SOURCES, SHA256, SPLITS, TINYSHAKESPEARE_HUB,
 from .token_cache import load_tokens, token_cache_path, write_token_cache
 from .tokenizers import (GPT2_SAFE_CUT, TOKENIZERS, CharTokenizer, GPT2Tokenizer, Tokenizer, configure_tiktoken_cache,
                          cut_text, get_tokenizer)
+from .words import count_words, split_words, word_perplexity
 
 __all__ = [
     "CORPORA", "SPLITS", "WIKITEXT_VARIANTS", "HUB_SOURCES", "WIKITEXT_HUB", "TINYSHAKESPEARE_HUB", "SHA256",
@@ -33,4 +35,5 @@ __all__ = [
     "cut_text", "GPT2_SAFE_CUT",
     "load_tokens", "token_cache_path", "write_token_cache",
     "sample_batch", "fixed_batches", "split_windows", "check_count",
+    "count_words", "split_words", "word_perplexity",
 ]

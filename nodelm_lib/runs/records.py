@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Iterable
 
+from nodelm_lib.config import TrainConfig
+from nodelm_lib.data.words import split_words, word_perplexity
 from nodelm_lib.training.flops import forward_flops, training_flops
 from nodelm_lib.training.record import RunRecord
 
@@ -14,8 +16,8 @@ if TYPE_CHECKING:
 
 
 def record_row(record: RunRecord, arm: str | None = None) -> dict:
-    """One flat row of a record: identity, final losses (with perplexity and bits per token),
-    parameters, FLOPs and cost."""
+    """One flat row of a record: identity, final losses (with perplexity, bits per token and, for
+    a subword run scored on whole splits, perplexity per word), parameters, FLOPs and cost."""
     tc = record.train_config
     steps = len(record.metrics)
     final = record.final
@@ -38,7 +40,18 @@ def record_row(record: RunRecord, arm: str | None = None) -> dict:
         loss = row[f"{split}_loss"]
         row[f"{split}_ppl"] = math.exp(loss) if math.isfinite(loss) else math.nan
         row[f"{split}_bits_per_token"] = loss / math.log(2)
+        row[f"{split}_word_ppl"] = word_level_perplexity(tc, split, loss, row[f"{split}_tokens"])
     return row
+
+
+def word_level_perplexity(tc: TrainConfig, split: str, loss: float, tokens: float) -> float:
+    """Perplexity per word (``data.words``) of a subword run's loss over a whole split; NaN for a
+    character run (its loss per character is the unit already), a loss over sampled windows
+    (no word count), or a run that has no loss."""
+    whole = tc.eval_on in ("whole_split", "whole_split_at_end")  # both score the final losses on whole splits
+    if tc.tokenizer == "char" or not whole or not (math.isfinite(loss) and tokens and tokens > 0):
+        return math.nan
+    return word_perplexity(loss, int(tokens), split_words(tc.dataset, {"val": "validation"}.get(split, split)))
 
 
 def record_provenance(record: RunRecord) -> dict:

@@ -37,6 +37,7 @@ from tqdm import tqdm  # text bar everywhere: tqdm.auto warns without ipywidgets
 
 from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.data import sample_batch
+from nodelm_lib.data.words import split_words
 from nodelm_lib.models import CausalLM, build_model
 from nodelm_lib.nn.losses import release_kept_buffers
 
@@ -127,6 +128,9 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     time_before = record.train_time_s  # training time before this process (a resumed run)
 
     writer = _tensorboard_writer(tc.log_dir) if ctx.is_main else None
+    # a subword run's whole-split validation loss also as perplexity per word (data.words)
+    tokens_per_word = (batch_tokens(val_batches) / split_words(tc.dataset, "validation")
+                       if writer is not None and tc.eval_on == "whole_split" and tc.tokenizer != "char" else None)
     model.train()
     train_time = 0.0
     bar = tqdm(total=tc.max_steps, initial=start, disable=not (tc.progress and ctx.is_main),
@@ -149,7 +153,8 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
             if tc.checkpoint_interval and done % tc.checkpoint_interval == 0:
                 record.train_time_s = time_before + train_time
                 _checkpoint(ctx, device, ckpt_path, model, optimizer, done, batch_gen, record)
-            _log_tensorboard(writer, done, row, record.evals[-1] if record.evals[-1]["step"] == done else None)
+            _log_tensorboard(writer, done, row, record.evals[-1] if record.evals[-1]["step"] == done else None,
+                             tokens_per_word)
             bar.update(1)
             if callback is not None:
                 callback(done, row, model)
@@ -250,12 +255,16 @@ def _tensorboard_writer(log_dir: str | None):
     return SummaryWriter(log_dir)
 
 
-def _log_tensorboard(writer, step: int, row: dict, evaluation: dict | None) -> None:
+def _log_tensorboard(writer, step: int, row: dict, evaluation: dict | None, tokens_per_word: float | None) -> None:
     if writer is None:
         return
     for key, value in row.items():
         if key != "step":
             writer.add_scalar(f"train/{key}", value, step)
     if evaluation is not None:
-        writer.add_scalar("val/loss", evaluation["val_loss"], step)
+        loss = evaluation["val_loss"]
+        writer.add_scalar("val/loss", loss, step)
+        writer.add_scalar("val/perplexity", math.exp(min(loss, 700.0)), step)  # min: exp overflows past ~709
+        if tokens_per_word is not None:
+            writer.add_scalar("val/word_perplexity", math.exp(min(loss * tokens_per_word, 700.0)), step)
 
