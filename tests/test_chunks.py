@@ -3,6 +3,7 @@ records, and its import into a store (a conflicting record refused)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -14,7 +15,8 @@ import pytest
 
 import nodelm_lib as nl
 from nodelm_lib.cli import main
-from nodelm_lib.experiments.sweeps import train_all
+from nodelm_lib.experiments.sweeps import (MAX_AUTO_WORKERS, RUN_MEMORY_HEADROOM, UNMEASURED_RUN_MB, auto_workers,
+                                          train_all)
 from nodelm_lib.runs import budget, chunks
 from nodelm_lib.runs.store import load_records, record_path, run_hash
 from nodelm_lib.training.integrity import RecordError
@@ -163,3 +165,31 @@ def test_the_chunk_command_passes_the_budget_to_make_and_packs_what_it_stored(tm
     assert called[:3] == ["--no-print-directory", "02_x", "PROFILE=tiny"] and float(called[3]) > time.time()
     assert main(["import-runs", str(archive), "--store", str(tmp_path / "home")]) == 0
     assert (tmp_path / "home" / name).read_bytes() == (donor / name).read_bytes()
+
+
+# --------------------------------------------------------------------------- many runs on one device
+
+
+def stored_peak(store, tc: nl.TrainConfig, peak_mb: float) -> None:
+    """A finished record of ``tc`` that measured ``peak_mb`` of device memory."""
+    from nodelm_lib.training.evaluation import with_tokenizer_vocab
+
+    tc = with_tokenizer_vocab(tc)
+    RunRecord(config=nl.config.to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
+              peak_memory_mb=peak_mb).to_json(record_path(store, tc.config_hash()))
+
+
+def test_auto_workers_fill_a_gpus_free_memory_by_the_peaks_runs_measured(tmp_path):
+    on_gpu = [dataclasses.replace(tiny(seed, 4), device="cuda") for seed in (0, 1)]
+    assert auto_workers(on_gpu, tmp_path, free_mb=2 * UNMEASURED_RUN_MB * RUN_MEMORY_HEADROOM) == 2  # nothing measured
+    stored_peak(tmp_path, dataclasses.replace(on_gpu[0], seed=9), 1000.0)  # the same shape, another seed
+    assert auto_workers(on_gpu, tmp_path, free_mb=5000.0) == 4  # 5000 // (1000 x 1.25)
+    assert auto_workers(on_gpu, tmp_path, free_mb=10**6) == MAX_AUTO_WORKERS
+    assert auto_workers(on_gpu, tmp_path, free_mb=100.0) == 1  # at least one
+    assert auto_workers([tiny(0, 4)], tmp_path) == min(MAX_AUTO_WORKERS, os.cpu_count())  # a CPU: one per core
+
+
+@pytest.mark.parametrize("workers", ["two", 0, 1.5, True])
+def test_workers_is_a_count_or_auto(tmp_path, workers):
+    with pytest.raises(ValueError, match=f"workers={workers!r} is not valid; it must be an integer >= 1 or 'auto'"):
+        train_all([tiny(0, 4)], store=tmp_path, isolate=True, workers=workers, progress=False)

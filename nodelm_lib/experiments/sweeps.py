@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 def sweep(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], store: str | Path = DEFAULT_STORE,
           checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, progress: bool = True,
-          need_checkpoint: bool = False, lr_selection=None, workers: int = 1, launcher=None,
+          need_checkpoint: bool = False, lr_selection=None, workers: int | str = 1, launcher=None,
           wait: bool = True) -> pd.DataFrame:
     """Run every arm with every seed (stored runs are read back) and return one row per run
     (``record_row``), in arm-major order. Stops at the first run that raises; rerunning the
@@ -47,7 +47,8 @@ def sweep(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[in
     ``lr_selection`` (``lr_selection.select_lr``'s table, or a mapping arm -> rate) runs each arm
     at its selected learning rate; ``check_protocol`` refuses any other difference in rate.
     ``workers > 1`` trains that many isolated runs at once, each with an equal share of the
-    CPU's threads (their timings then describe that sharing, the same for every arm).
+    CPU's threads (their timings then describe that sharing, the same for every arm); on a GPU
+    they share the device (``workers="auto"``: as many as its free memory holds, ``auto_workers``).
 
     ``launcher`` (a ``launch.Launcher``, or "slurm" / "local" / "auto") submits every run the store
     lacks as its own submitit job and waits for their records (``launch.py``); with ``wait=False``
@@ -95,7 +96,7 @@ def with_weights_where_missing(models: Iterable[tuple[str, RunRecord]], missing:
 
 def final_models(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection=None,
                  store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True,
-                 workers: int = 1, progress: bool = True, device: str = "cpu") -> tuple[pd.DataFrame, dict]:
+                 workers: int | str = 1, progress: bool = True, device: str = "cpu") -> tuple[pd.DataFrame, dict]:
     """The trained models of ``sweep(base, arms, seeds, lr_selection=...)``, for analyses of final
     weights (notebook 04 reads notebook 02's runs this way): ``sweep``'s table and
     ``{(arm, seed): model}``, each model loaded from its run's checkpoint on ``device`` in eval mode.
@@ -113,7 +114,7 @@ def final_models(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iter
     return runs, models
 
 
-def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need_checkpoint: bool, workers: int,
+def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need_checkpoint: bool, workers: int | str,
              progress: bool, labels: list[str], launcher=None, wait: bool = True) -> list[RunRecord]:
     """``run`` every config (one at a time, ``workers`` isolated runs at once, or as jobs of a
     ``launcher``); records in the order of ``configs``. A config listed twice is trained once."""
@@ -123,8 +124,10 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
         return run_all(configs, store, checkpoints, launcher, need_checkpoint, progress, labels, wait)
     if not wait:
         raise ValueError("wait=False needs a launcher: without one the sweep trains in this process")
-    if workers < 1:
-        raise ValueError(f"workers={workers!r} is not valid; it must be >= 1")
+    if workers == "auto":
+        workers = auto_workers(configs, store)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} is not valid; it must be an integer >= 1 or 'auto'")
     if workers > 1 and not isolate:
         raise ValueError("workers > 1 needs isolate=True: runs in one process would share its threads and memory")
     bar = tqdm(total=len(configs), disable=not progress, desc="sweep", unit="run")
@@ -178,7 +181,7 @@ def _stop_if_not_started(not_started: list[str]) -> None:
 
 def train_all(configs: Iterable[TrainConfig], store: str | Path = DEFAULT_STORE,
               checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, need_checkpoint: bool = False,
-              workers: int = 1, progress: bool = True, launcher=None) -> list[RunRecord]:
+              workers: int | str = 1, progress: bool = True, launcher=None) -> list[RunRecord]:
     """Train every config the store lacks (``run``: each once, in any order) and return the
     records in the order given. With ``workers > 1`` the runs go longest first
     (``expected_seconds``).
@@ -190,6 +193,38 @@ def train_all(configs: Iterable[TrainConfig], store: str | Path = DEFAULT_STORE,
     configs = list(configs)
     return _run_all(configs, store, checkpoints, isolate, need_checkpoint, workers, progress,
                     labels=[f"{tc.model.arch} seed {tc.seed}, {tc.max_steps} steps" for tc in configs], launcher=launcher)
+
+
+MAX_AUTO_WORKERS = 8  # past this, runs sharing one device gain little and contend for its host's cores
+RUN_MEMORY_HEADROOM = 1.25  # a run's measured peak is its allocations; the allocator's cache adds to them
+UNMEASURED_RUN_MB = 4096.0  # a CUDA run no stored record has measured is assumed to take this much
+
+
+def auto_workers(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE, free_mb: float | None = None) -> int:
+    """How many runs of ``configs`` to train at once: on CUDA, as many as fit in the device's free
+    memory (``free_mb``, default: now), each taking the largest peak that the store's records
+    measured for a config of the same model, batch and shape (``UNMEASURED_RUN_MB`` if none), times
+    ``RUN_MEMORY_HEADROOM``; on a CPU, one per core (each run one thread). Between 1 and
+    ``MAX_AUTO_WORKERS``. Why several on one GPU: runs of this project's sizes are bound by kernel
+    launches, leaving most of the device idle, so runs side by side add throughput."""
+    import torch
+
+    devices = {with_tokenizer_vocab(tc).device for tc in configs}
+    if not any(d.startswith("cuda") or (d == "auto" and torch.cuda.is_available()) for d in devices):
+        return max(1, min(MAX_AUTO_WORKERS, os.cpu_count() or 1))
+    if free_mb is None:
+        free_mb = torch.cuda.mem_get_info()[0] / 2**20
+    peaks: dict[str, float] = {}
+    for record in load_records(store):
+        if record.peak_memory_mb and record.status == "completed":
+            key = _memory_key(record.config)
+            peaks[key] = max(peaks.get(key, 0.0), record.peak_memory_mb)
+    per_run = max(peaks.get(_memory_key(to_dict(with_tokenizer_vocab(tc))), UNMEASURED_RUN_MB) for tc in configs)
+    return int(max(1, min(MAX_AUTO_WORKERS, free_mb // (per_run * RUN_MEMORY_HEADROOM))))
+
+
+def _memory_key(config: dict) -> str:
+    return repr([config["model"], config["batch_size"], config["seq_len"], config["dtype"]])
 
 
 def expected_seconds(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE) -> list[float]:
