@@ -200,14 +200,26 @@ def _store(args: argparse.Namespace) -> int:
 
 
 def _chunk(args: argparse.Namespace) -> int:
+    import os
+
+    from nodelm_lib.experiments.notebook_here import run_notebook_here
     from nodelm_lib.reporting.reproduce import make_notebook
     from nodelm_lib.runs.chunks import describe, run_chunk
 
     root = Path(args.root)
     store = Path(args.store) if args.store else root / "results" / "runs" / args.profile
-    notebook = make_notebook(args.make, args.profile, root)
-    result = run_chunk(lambda env: notebook(args.notebook, env=env), store, args.archive, args.budget,
-                       args.unknown_run_s)
+    if args.runner == "make":
+        notebook = make_notebook(args.make, args.profile, root)
+        run = lambda env: notebook(args.notebook, env=env)  # noqa: E731
+    else:  # in this process: no papermill or Jupyter kernel needed (a lent GPU has PyTorch only)
+        path = root / "notebooks" / f"{args.notebook}.ipynb"
+        if not path.is_file():
+            raise FileNotFoundError(f"no notebook {path}")
+
+        def run(env: dict) -> int:
+            os.environ.update(env)
+            return run_notebook_here(path, args.profile, cwd=path.parent)
+    result = run_chunk(run, store, args.archive, args.budget, args.unknown_run_s)
     print(describe(result, args.archive))
     return result.exit_code
 
@@ -321,8 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unknown-run-s", type=number(0), default=None,
                    help="seconds to assume for a run that no stored record can time (default 300)")
     p.add_argument("--store", help="the notebook's run store (default: <root>/results/runs/<profile>)")
-    p.add_argument("--make", default="make", help="make command")
-    p.add_argument("--root", default=".", help="repository root (Makefile, results/)")
+    p.add_argument("--runner", choices=("python", "make"), default="python",
+                   help="python: the notebook's code in this process, no Jupyter needed (default); make: "
+                        "`make <notebook> PROFILE=<profile>` through papermill")
+    p.add_argument("--make", default="make", help="make command (--runner make)")
+    p.add_argument("--root", default=".", help="repository root (Makefile, notebooks/, results/)")
     p.set_defaults(func=_chunk)
 
     p = sub.add_parser("import-runs", help="check the records of chunk archives and add them to a run store")

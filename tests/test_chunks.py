@@ -9,6 +9,7 @@ import os
 import stat
 import tarfile
 import time
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -193,3 +194,31 @@ def test_auto_workers_fill_a_gpus_free_memory_by_the_peaks_runs_measured(tmp_pat
 def test_workers_is_a_count_or_auto(tmp_path, workers):
     with pytest.raises(ValueError, match=f"workers={workers!r} is not valid; it must be an integer >= 1 or 'auto'"):
         train_all([tiny(0, 4)], store=tmp_path, isolate=True, workers=workers, progress=False)
+
+
+# --------------------------------------------------------------------------- a notebook without Jupyter
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_notebook_runs_in_this_process_and_a_misspelt_parameter_stops_it(tmp_path, capsys):
+    from nodelm_lib.experiments.notebook_here import run_notebook_here
+
+    notebook = ROOT / "notebooks" / "01_gradient_flow.ipynb"
+    assert run_notebook_here(notebook, parameters={"work_dir": str(tmp_path), "max_step": 20}) == 1
+    assert "'max_step' (did you mean 'max_steps'?)" in capsys.readouterr().err
+
+
+def test_the_chunk_command_runs_a_notebook_in_this_process_and_packs_its_runs(tmp_path, monkeypatch):
+    """`chunk` on a lent GPU has PyTorch but no Jupyter: notebook 01 (smoke) run in-process under a
+    budget, its two runs packed."""
+    monkeypatch.setenv("NODELM_WORK_DIR", str(tmp_path))  # where the notebook writes (work_dir None)
+    store = tmp_path / "results" / "runs" / "smoke"
+    archive = tmp_path / "chunk.tar.gz"
+    code = main(["chunk", "01_gradient_flow", "--profile", "smoke", "--budget", "600", "--unknown-run-s", "60",
+                 "--archive", str(archive), "--store", str(store), "--root", str(ROOT)])
+    assert code == chunks.EXIT_COMPLETE
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == sorted(p.name for p in store.glob("*.json")) and len(tar.getnames()) == 2
+    assert (tmp_path / "results" / "gradient_flow_smoke.csv").exists()
