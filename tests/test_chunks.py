@@ -160,7 +160,7 @@ def test_the_chunk_command_passes_the_budget_to_make_and_packs_what_it_stored(tm
     fake_make.chmod(fake_make.stat().st_mode | stat.S_IXUSR)
     archive = tmp_path / "out" / "chunk.tar.gz"
     code = main(["chunk", "02_x", "--profile", "tiny", "--budget", "100", "--archive", str(archive),
-                 "--root", str(tmp_path), "--make", str(fake_make)])
+                 "--root", str(tmp_path), "--runner", "make", "--make", str(fake_make)])
     assert code == chunks.EXIT_MORE
     called = (tmp_path / "called").read_text().split()
     assert called[:3] == ["--no-print-directory", "02_x", "PROFILE=tiny"] and float(called[3]) > time.time()
