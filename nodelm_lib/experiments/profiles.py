@@ -80,7 +80,8 @@ def apply_profile(namespace: MutableMapping[str, Any], notebook: str, profile: s
     unknown = sorted(set(values) - set(namespace))
     if unknown:
         raise ValueError(f"profile {profile!r} of {notebook!r} sets {unknown}, which are not parameters of the notebook")
-    applied = {k: v for k, v in values.items() if k not in set(keep)}
+    keep = set(keep)
+    applied = {k: v for k, v in values.items() if k not in keep}
     namespace.update(applied)
     return applied
 

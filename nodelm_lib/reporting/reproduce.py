@@ -206,17 +206,18 @@ def reproduce(notebooks: list[str], profile: str, root: str | Path = ".",
     run_notebook = run_notebook or make_notebook("make", profile, root)
     stem = root / "results" / f"reproduce_{profile}"
     runs_dir = root / "results" / "runs" / profile
-    commit = _git_commit(root)
+    commit, here = _git_commit(root), {"started": _utc(), **machine()}
     record = resumable(Path(f"{stem}.json"), profile, commit) if resume else None
     if record is None:
-        record = ReproduceRecord(profile=profile, started=_utc(), commit=commit, machine=machine())
+        record = ReproduceRecord(profile=profile, started=here["started"], commit=commit,
+                                 machine={k: v for k, v in here.items() if k != "started"})
     else:
         log(f">> resuming the reproduce of {record.started} at commit {commit}: "
             f"{sum(s.seconds for s in record.steps) / 60:.1f} min recorded")
     done = {s.name for s in record.steps if s.status == "done"}
     earlier_s = sum(s.seconds for s in record.steps)
     record.status, record.total_s = "running", None
-    record.sessions.append({"started": _utc(), **machine()})
+    record.sessions.append(here)
     lock = threading.Lock()
 
     def save() -> None:
@@ -225,7 +226,6 @@ def reproduce(notebooks: list[str], profile: str, root: str | Path = ".",
             atomic_write_text(Path(f"{stem}.csv"), record.table().to_csv(index=False))
 
     t0 = time.perf_counter()
-    here = record.sessions[-1]
     log(f">> {here['cpu_name']} ({here['cpu_count']} cores, {here['cpu_capability']}), torch {here['torch']}")
     record.steps.append(_timed("cpu probe before", cpu_probe))
     log(f">> before: {record.steps[-1].status}")

@@ -39,29 +39,26 @@ class BudgetReached(RuntimeError):
 
 def deadline() -> float | None:
     """The deadline (seconds since the epoch) set in the environment, or None for no budget."""
-    value = os.environ.get(DEADLINE_ENV)
-    if not value:
-        return None
-    try:
-        when = float(value)
-    except ValueError:
-        raise ValueError(f"{DEADLINE_ENV}={value!r} is not valid: it must be seconds since the epoch") from None
-    if not math.isfinite(when):
-        raise ValueError(f"{DEADLINE_ENV}={value!r} is not valid: it must be a finite time")
-    return when
+    return _env_seconds(DEADLINE_ENV, None, -math.inf, "a finite time in seconds since the epoch")
 
 
 def unknown_run_s() -> float:
     """Seconds assumed for a run that no stored record can time."""
-    value = os.environ.get(UNKNOWN_ENV)
+    return _env_seconds(UNKNOWN_ENV, DEFAULT_UNKNOWN_RUN_S, 0.0, "a number of seconds >= 0")
+
+
+def _env_seconds(name: str, default: float | None, minimum: float, meaning: str) -> float | None:
+    """The finite number of seconds >= ``minimum`` in environment variable ``name``, or
+    ``default`` where it is unset or empty; a ValueError naming the value otherwise."""
+    value = os.environ.get(name)
     if not value:
-        return DEFAULT_UNKNOWN_RUN_S
+        return default
     try:
         seconds = float(value)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise ValueError(f"{UNKNOWN_ENV}={value!r} is not valid: it must be a number of seconds >= 0")
+    if not (math.isfinite(seconds) and seconds >= minimum):
+        raise ValueError(f"{name}={value!r} is not valid: it must be {meaning}")
     return seconds
 
 
