@@ -193,21 +193,35 @@ def _fake_record(tc: nl.TrainConfig, seconds_per_step: float, steps: int = 10) -
     tc = with_tokenizer_vocab(tc)
     return nl.RunRecord(config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
                         metrics=[{"step": i + 1, "loss": 1.0} for i in range(steps)], flops_per_token=1e6,
-                        flops_batch_size=tc.batch_size, train_time_s=seconds_per_step * steps)
+                        flops_batch_size=tc.batch_size, train_time_s=seconds_per_step * steps,
+                        wall_time_s=seconds_per_step * steps)
 
 
 def test_expected_seconds_uses_measured_step_times_then_flops(tmp_path):
-    """A model measured slow in the store is expected slow whatever its FLOPs; a model never
-    measured is priced by its FLOPs at the store's seconds per FLOP."""
+    """A model measured slow in the store is expected slow whatever its FLOPs; another width of it
+    is scaled by FLOPs (``timing.step_seconds``); a model with no record of its own or of gpt is
+    priced by its FLOPs at the others' seconds per FLOP, or by FLOPs alone in an empty store."""
     store = tmp_path / "runs"
     store.mkdir()
     small, wide = tiny(), with_values(tiny(), {"model.d_model": 64})
+    ssm = with_values(tiny(), {"model.arch": "ssm"})
     _fake_record(with_values(small, {"seed": 7}), seconds_per_step=0.5).to_json(record_path(store, "a"))
-    guess = sweeps.expected_seconds([small, tiny(max_steps=24), wide], store)
+    guess = sweeps.expected_seconds([small, tiny(max_steps=24), wide, ssm], store)
     assert guess[0] == pytest.approx(12 * 0.5) and guess[1] == pytest.approx(24 * 0.5)  # measured, times steps
-    # unmeasured: FLOPs at the record's 0.5 s per (1e6 FLOPs x 128 tokens)
-    expected = 12 * 0.5 / (1e6 * 128) * forward_flops(wide) * 128
-    assert guess[2] == pytest.approx(expected)
+    # another width: the measured step scaled by FLOPs (one width only: no fixed share)
+    assert guess[2] == pytest.approx(12 * 0.5 * forward_flops(wide) / forward_flops(small))
+    # gpt's record prices any arch: ssm at gpt's step scaled by FLOPs
+    assert guess[3] == pytest.approx(12 * 0.5 * forward_flops(ssm) / forward_flops(small))
+    only_ssm = tmp_path / "only_ssm"  # no record of gpt: gpt at ssm's seconds per FLOP
+    only_ssm.mkdir()
+    _fake_record(with_values(ssm, {"seed": 7}), seconds_per_step=0.5).to_json(record_path(only_ssm, "a"))
+    per_flop = 0.5 / (forward_flops(ssm) * ssm.batch_size * ssm.seq_len)
+    assert sweeps.expected_seconds([ssm, small], only_ssm) == pytest.approx(
+        [12 * 0.5, 12 * per_flop * forward_flops(small) * small.batch_size * small.seq_len])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert sweeps.expected_seconds([small, wide], empty) == pytest.approx(
+        [12 * forward_flops(tc) * tc.batch_size * tc.seq_len for tc in (small, wide)])
 
 
 def test_parallel_runs_start_longest_first(tmp_path, monkeypatch):

@@ -294,6 +294,26 @@ def test_step_times_are_measured_for_a_stored_model_and_scaled_by_flops_for_anot
     assert got["s_per_step"].iloc[2] == pytest.approx(a + b * flops["gpt d=64"], rel=1e-6)
 
 
+def test_time_estimate_packs_each_phase_on_its_lanes_and_resolves_auto_workers(tmp_path, monkeypatch):
+    base = scaling.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
+                               dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=10,
+                               warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=5, eval_batches=1,
+                               eval_on="batches", device="cpu")
+    gpt = nl.config.with_values(base, scaling.width_cells(base.model, ["gpt"], [16])["gpt d=16"])
+    fake_record(gpt, 0.5).to_json(tmp_path / "gpt.json")  # 10 steps x 0.5 s + 1 s start-up = 6 s a run
+    phases = {"a": [("gpt", nl.config.with_values(gpt, {"seed": s})) for s in range(3)],
+              "b": [("gpt", nl.config.with_values(gpt, {"seed": 9}))]}
+    _, totals = sweep_time.time_estimate(phases, tmp_path, workers=2, startup_s=1.0)
+    assert totals["empty_store_s"].tolist() == pytest.approx([12.0, 6.0]) and totals["workers"].tolist() == [2, 2]
+    assert "total, 2 run(s) at a time: " in sweep_time.format_time_estimate(totals)
+    monkeypatch.setattr("os.cpu_count", lambda: 3)  # "auto" on a CPU: one run per core
+    _, totals = sweep_time.time_estimate(phases, tmp_path, workers="auto", startup_s=1.0)
+    assert totals["empty_store_s"].tolist() == pytest.approx([6.0, 6.0]) and totals["workers"].tolist() == [3, 3]
+    assert "total, 3 run(s) at a time: " in sweep_time.format_time_estimate(totals, "auto")
+    with pytest.raises(ValueError, match=r"workers='many' is not valid; it must be an integer >= 1 or 'auto'"):
+        sweep_time.time_estimate(phases, tmp_path, workers="many")
+
+
 def test_makespan_puts_the_longest_runs_first_on_the_lane_that_frees_first():
     assert sweep_time.makespan([3, 3, 2, 2, 2], workers=2) == 7
     assert sweep_time.makespan([5, 1, 1], workers=1) == 7

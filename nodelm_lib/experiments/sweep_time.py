@@ -18,9 +18,12 @@ from nodelm_lib.config import TrainConfig
 from nodelm_lib.runs.store import finished_record, load_records
 from nodelm_lib.runs.timing import STARTUP_S, step_seconds
 
+from .sweeps import resolve_workers
 
-def format_time_estimate(totals: pd.DataFrame, workers: int) -> str:
-    """``time_estimate``'s totals as lines to print."""
+
+def format_time_estimate(totals: pd.DataFrame, workers: int | str | None = None) -> str:
+    """``time_estimate``'s totals as lines to print (``workers``: the lanes it packed the runs on, its
+    ``workers`` column by default: "auto" was resolved there)."""
     from .estimate import format_seconds
 
     def when(seconds: float) -> str:
@@ -29,6 +32,8 @@ def format_time_estimate(totals: pd.DataFrame, workers: int) -> str:
     lines = [f"{row['phase']}: {row['runs']} runs, {when(row['empty_store_s'])} from an empty store; "
              f"{row['runs_to_train']} not in the store, {when(row['this_store_s'])}" for _, row in totals.iterrows()]
     # skipna=False: a phase that cannot be timed leaves the total unknown, not 0
+    if workers is None or workers == "auto":
+        workers = int(totals["workers"].iloc[0]) if len(totals) else 1
     lines.append(f"total, {workers} run(s) at a time: {when(totals['empty_store_s'].sum(skipna=False))} from an "
                  f"empty store, {when(totals['this_store_s'].sum(skipna=False))} with this store's runs")
     return "\n".join(lines)
@@ -45,13 +50,15 @@ def makespan(seconds: Iterable[float], workers: int) -> float:
     return float(lanes.max())
 
 
-def time_estimate(phases: Mapping[str, list[tuple[str, TrainConfig]]], timing_store, workers: int = 2, store=None,
-                  startup_s: float = STARTUP_S) -> tuple[pd.DataFrame, pd.DataFrame]:
+def time_estimate(phases: Mapping[str, list[tuple[str, TrainConfig]]], timing_store, workers: int | str = 2,
+                  store=None, startup_s: float = STARTUP_S) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The time the runs of each phase (``{phase: [(cell, config), ...]}``, in order: a phase
-    starts when the one before ends) take on ``workers`` lanes. Returns per (phase, cell) its runs,
-    steps, seconds per step and their source (``step_seconds``) and seconds; and per phase the
-    total from an empty store and, with ``store``, for the runs it lacks. A run costs its steps x
-    seconds per step + ``startup_s``."""
+    starts when the one before ends) take on ``workers`` lanes (a count, or "auto" as a sweep sizes
+    it: ``sweeps.resolve_workers``). Returns per (phase, cell) its runs, steps, seconds per step and
+    their source (``step_seconds``) and seconds; and per phase the lanes, the total from an empty
+    store and, with ``store``, for the runs it lacks. A run costs its steps x seconds per step +
+    ``startup_s``."""
+    workers = resolve_workers(workers, [tc for labelled in phases.values() for _, tc in labelled], timing_store)
     rows = []
     for phase, labelled in phases.items():
         per_step = step_seconds([tc for _, tc in labelled], load_records(timing_store))
@@ -63,7 +70,7 @@ def time_estimate(phases: Mapping[str, list[tuple[str, TrainConfig]]], timing_st
     table = (runs.groupby(["phase", "cell", "steps", "source"], sort=False)
              .agg(runs=("seconds", "size"), s_per_step=("s_per_step", "median"), seconds=("seconds", "sum"),
                   stored=("stored", "sum")).reset_index())
-    totals = pd.DataFrame([{"phase": phase, "runs": len(g), "empty_store_s": makespan(g["seconds"], workers),
+    totals = pd.DataFrame([{"phase": phase, "runs": len(g), "workers": workers, "empty_store_s": makespan(g["seconds"], workers),
                             "runs_to_train": int((~g["stored"]).sum()),
                             "this_store_s": makespan(g.loc[~g["stored"], "seconds"], workers)}
                            for phase, g in runs.groupby("phase", sort=False)])

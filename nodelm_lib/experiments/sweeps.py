@@ -23,9 +23,10 @@ from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.runs import claims
 from nodelm_lib.runs.budget import BudgetReached
 from nodelm_lib.runs.records import record_row
+from nodelm_lib.runs.timing import step_seconds
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records, run, run_hash, stored_record)
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
-from nodelm_lib.training.flops import training_flops
+from nodelm_lib.training.flops import forward_flops, training_flops
 from nodelm_lib.training.record import RunRecord
 
 from .protocol import _selected_arm_configs, check_protocol
@@ -124,10 +125,7 @@ def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need
         return run_all(configs, store, checkpoints, launcher, need_checkpoint, progress, labels, wait)
     if not wait:
         raise ValueError("wait=False needs a launcher: without one the sweep trains in this process")
-    if workers == "auto":
-        workers = auto_workers(configs, store)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers={workers!r} is not valid; it must be an integer >= 1 or 'auto'")
+    workers = resolve_workers(workers, configs, store)
     if workers > 1 and not isolate:
         raise ValueError("workers > 1 needs isolate=True: runs in one process would share its threads and memory")
     bar = tqdm(total=len(configs), disable=not progress, desc="sweep", unit="run")
@@ -200,6 +198,16 @@ RUN_MEMORY_HEADROOM = 1.25  # a run's measured peak is its allocations; the allo
 UNMEASURED_RUN_MB = 4096.0  # a CUDA run no stored record has measured is assumed to take this much
 
 
+def resolve_workers(workers: int | str, configs: list[TrainConfig], store: str | Path = DEFAULT_STORE) -> int:
+    """``workers`` as a count: an integer >= 1 as it is, "auto" as ``auto_workers`` sizes it for
+    ``configs``; anything else is a ValueError naming the valid choices."""
+    if workers == "auto":
+        return auto_workers(configs, store)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} is not valid; it must be an integer >= 1 or 'auto'")
+    return workers
+
+
 def auto_workers(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE, free_mb: float | None = None) -> int:
     """How many runs of ``configs`` to train at once: on CUDA, as many as fit in the device's free
     memory (``free_mb``, default: now), each taking the largest peak that the store's records
@@ -228,30 +236,18 @@ def _memory_key(config: dict) -> str:
 
 
 def expected_seconds(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE) -> list[float]:
-    """A guess at each config's training time, good enough to order runs by: its steps times
-    the seconds per step that the store's records measured for the same model, batch and device
-    (a learning-rate search trains every arm of a sweep first), or else its training FLOPs at
-    the median seconds per FLOP of those records (FLOPs alone, in arbitrary units, if none)."""
-    from nodelm_lib.training.flops import forward_flops
-
-    def key(config: dict) -> str:
-        return repr([config["model"], config["batch_size"], config["seq_len"], config["device"], config["dtype"]])
-
-    per_step: dict[str, list[float]] = {}
-    per_flop = []
-    for record in load_records(store):
-        steps, c = len(record.metrics), record.config
-        if record.status == "completed" and steps and record.train_time_s > 0 and record.flops_per_token > 0:
-            per_step.setdefault(key(c), []).append(record.train_time_s / steps)
-            per_flop.append(record.train_time_s / steps / (record.flops_per_token * c["batch_size"] * c["seq_len"]))
-    rate = float(np.median(per_flop)) if per_flop else 1.0
-    guesses = []
-    for tc in configs:
-        tc = with_tokenizer_vocab(tc)
-        measured = per_step.get(key(to_dict(tc)))
-        step = float(np.median(measured)) if measured else rate * forward_flops(tc) * tc.batch_size * tc.seq_len
-        guesses.append(tc.max_steps * step)
-    return guesses
+    """A guess at each config's training time, good enough to order runs by: its steps times its
+    seconds per step as ``runs.timing.step_seconds`` reads them from the store's records (the same
+    model measured, else scaled by FLOPs from another width or from ``gpt``). A config with neither
+    is priced by its FLOPs at the median seconds per FLOP of the others (FLOPs alone, in arbitrary
+    units, where none has a record)."""
+    per_step = step_seconds(configs, load_records(store, cached=True))["s_per_step"].to_numpy(float) if configs else np.array([])
+    known = np.isfinite(per_step)
+    if not known.all():
+        flops = np.array([forward_flops(tc) * tc.batch_size * tc.seq_len for tc in configs])
+        rate = float(np.median(per_step[known] / flops[known])) if known.any() else 1.0
+        per_step = np.where(known, per_step, rate * flops)
+    return [tc.max_steps * float(s) for tc, s in zip(configs, per_step)]
 
 
 def curves(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int],
