@@ -70,6 +70,24 @@ def test_a_stored_record_reads_back_verified_and_carries_a_digest(store):
     assert check_store(store) == []
 
 
+def test_cached_loading_reads_only_new_or_changed_records_and_still_verifies_them(store, monkeypatch):
+    first = load_records(store, cached=True)
+    assert [r.config_hash for r in first] == [r.config_hash for r in load_records(store)]
+    reads = []
+    real_read = run_store.read_record
+    monkeypatch.setattr(run_store, "read_record", lambda path: reads.append(Path(path).name) or real_read(path))
+    again = load_records(store, cached=True)
+    assert reads == [] and all(a is b for a, b in zip(first, again))  # nothing re-read: the same objects
+    os.utime(path_of(store, 1), ns=(time.time_ns(), time.time_ns() + 10**9))  # "changed": read again
+    assert [r.config_hash for r in load_records(store, cached=True)] == [r.config_hash for r in first]
+    assert reads == [path_of(store, 1).name]
+    edit(path_of(store, 0), lambda r: r["config"].update(lr=1e-2))  # a hand edit is caught, cached or not
+    with pytest.raises(RecordError, match=path_of(store, 0).name):
+        load_records(store, cached=True)
+    path_of(store, 0).unlink()  # a removed record leaves the cached list too
+    assert [r.config_hash for r in load_records(store, cached=True)] == [path_of(store, 1).stem]
+
+
 def test_a_hand_edited_lr_is_caught_by_the_digest_and_by_the_hash(store):
     path = path_of(store, 0)
     edit(path, lambda r: r["config"].update(lr=0.5))

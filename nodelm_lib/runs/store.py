@@ -98,7 +98,7 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
         done = finished_record(tc, store, checkpoints, need_checkpoint)  # the worker waited for may have stored it
         if done is not None:
             return done
-        check_budget(tc, lambda: load_records(store))
+        check_budget(tc, lambda: load_records(store, cached=True))
         return train_into_store(tc, store, checkpoints, isolate, threads)
 
 
@@ -157,9 +157,31 @@ def write_evaluations(record: RunRecord, evaluations: dict[str, dict], store: st
     return atomic_write_text(evaluations_path(store, record.config_hash), json.dumps(payload, indent=1) + "\n")
 
 
-def load_records(store: str | Path = DEFAULT_STORE) -> list[RunRecord]:
-    """Every record in ``store``, sorted by file name."""
-    return [read_record(p) for p in sorted(Path(store).glob("*.json"))]
+def load_records(store: str | Path = DEFAULT_STORE, cached: bool = False) -> list[RunRecord]:
+    """Every record in ``store``, sorted by file name.
+
+    ``cached=True`` reads again only the files that are new or changed (by modification time and
+    size) since this process last read the store, and returns the same objects as then: for callers
+    that only read them, once per run (a time budget's estimate, a sweep ordering its runs), where
+    parsing and verifying a store of hundreds of records would cost seconds each time."""
+    paths = sorted(Path(store).glob("*.json"))
+    if not cached:
+        return [read_record(p) for p in paths]
+    seen = _RECORDS_READ.setdefault(str(Path(store).resolve()), {})
+    records = []
+    for path in paths:
+        stat = path.stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+        if path.name not in seen or seen[path.name][0] != version:
+            seen[path.name] = (version, read_record(path))
+        records.append(seen[path.name][1])
+    for gone in set(seen) - {p.name for p in paths}:
+        del seen[gone]
+    return records
+
+
+# load_records(cached=True): per resolved store folder, each file's (mtime, size) and its record
+_RECORDS_READ: dict[str, dict[str, tuple[tuple[int, int], RunRecord]]] = {}
 
 
 def read_record(path: str | Path) -> RunRecord:
