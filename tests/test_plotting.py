@@ -198,6 +198,34 @@ def test_labels_of_nearby_reference_lines_do_not_overlap():
     plt.close(fig)
 
 
+def test_a_reference_label_moves_left_off_the_data_it_would_hide():
+    from nodelm_lib.reporting.plotting import plot_reference_lines
+
+    fig, ax = plt.subplots(figsize=(3, 3))
+    ax.errorbar([0, 1, 2, 3], [1.0, 1.05, 1.88, 1.1], yerr=0.02, fmt="o")  # the last arms sit on the line
+    ax.scatter([2.9, 3.0, 3.1], [1.88, 1.885, 1.875])
+    ax.set_xlim(-0.5, 3.5)
+    ax.set_ylim(0.9, 2.0)
+    fig.tight_layout()
+    (text,) = plot_reference_lines(ax, {"a long reference label": 1.88})
+    assert text.get_horizontalalignment() == "left" and text.xy[0] < 0.5
+    label = text.get_window_extent(fig.canvas.get_renderer())
+    points = ax.transData.transform([(2, 1.88), (3, 1.88)])
+    assert not any(label.contains(*p) for p in points)
+    plt.close(fig)
+
+
+def test_a_reference_label_stays_right_where_nothing_is_hidden():
+    from nodelm_lib.reporting.plotting import plot_reference_lines
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1.0, 1.1], "o")
+    ax.set_ylim(0.9, 2.0)
+    (text,) = plot_reference_lines(ax, {"bigram": 1.8})
+    assert text.get_horizontalalignment() == "right" and text.xy[0] > 0.5
+    plt.close(fig)
+
+
 def test_zoom_to_late_leaves_out_the_early_loss():
     from nodelm_lib.reporting.plotting import plot_curves, zoom_to_late
 

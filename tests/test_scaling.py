@@ -309,7 +309,7 @@ def test_time_estimate_packs_each_phase_on_its_lanes_and_resolves_auto_workers(t
     monkeypatch.setattr("os.cpu_count", lambda: 3)  # "auto" on a CPU: one run per core
     _, totals = sweep_time.time_estimate(phases, tmp_path, workers="auto", startup_s=1.0)
     assert totals["empty_store_s"].tolist() == pytest.approx([6.0, 6.0]) and totals["workers"].tolist() == [3, 3]
-    assert "total, 3 run(s) at a time: " in sweep_time.format_time_estimate(totals, "auto")
+    assert "total, 3 run(s) at a time: " in sweep_time.format_time_estimate(totals)
     with pytest.raises(ValueError, match=r"workers='many' is not valid; it must be an integer >= 1 or 'auto'"):
         sweep_time.time_estimate(phases, tmp_path, workers="many")
 

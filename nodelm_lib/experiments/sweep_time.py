@@ -21,9 +21,9 @@ from nodelm_lib.runs.timing import STARTUP_S, step_seconds
 from .sweeps import resolve_workers
 
 
-def format_time_estimate(totals: pd.DataFrame, workers: int | str | None = None) -> str:
-    """``time_estimate``'s totals as lines to print (``workers``: the lanes it packed the runs on, its
-    ``workers`` column by default: "auto" was resolved there)."""
+def format_time_estimate(totals: pd.DataFrame) -> str:
+    """``time_estimate``'s totals as lines to print, with the lanes it packed the runs on (its
+    ``workers`` column: "auto" was resolved there)."""
     from .estimate import format_seconds
 
     def when(seconds: float) -> str:
@@ -31,9 +31,8 @@ def format_time_estimate(totals: pd.DataFrame, workers: int | str | None = None)
 
     lines = [f"{row['phase']}: {row['runs']} runs, {when(row['empty_store_s'])} from an empty store; "
              f"{row['runs_to_train']} not in the store, {when(row['this_store_s'])}" for _, row in totals.iterrows()]
+    workers = int(totals["workers"].iloc[0]) if len(totals) else 1
     # skipna=False: a phase that cannot be timed leaves the total unknown, not 0
-    if workers is None or workers == "auto":
-        workers = int(totals["workers"].iloc[0]) if len(totals) else 1
     lines.append(f"total, {workers} run(s) at a time: {when(totals['empty_store_s'].sum(skipna=False))} from an "
                  f"empty store, {when(totals['this_store_s'].sum(skipna=False))} with this store's runs")
     return "\n".join(lines)

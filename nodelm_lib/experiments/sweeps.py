@@ -23,8 +23,9 @@ from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.runs import claims
 from nodelm_lib.runs.budget import BudgetReached
 from nodelm_lib.runs.records import record_row
+from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records,
+                                   run, run_hash, stored_record)
 from nodelm_lib.runs.timing import step_seconds
-from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records, run, run_hash, stored_record)
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 from nodelm_lib.training.flops import forward_flops, training_flops
 from nodelm_lib.training.record import RunRecord
@@ -241,7 +242,9 @@ def expected_seconds(configs: list[TrainConfig], store: str | Path = DEFAULT_STO
     model measured, else scaled by FLOPs from another width or from ``gpt``). A config with neither
     is priced by its FLOPs at the median seconds per FLOP of the others (FLOPs alone, in arbitrary
     units, where none has a record)."""
-    per_step = step_seconds(configs, load_records(store, cached=True))["s_per_step"].to_numpy(float) if configs else np.array([])
+    if not configs:
+        return []
+    per_step = step_seconds(configs, load_records(store, cached=True))["s_per_step"].to_numpy(float)
     known = np.isfinite(per_step)
     if not known.all():
         flops = np.array([forward_flops(tc) * tc.batch_size * tc.seq_len for tc in configs])

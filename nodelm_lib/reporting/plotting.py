@@ -176,7 +176,8 @@ def plot_reference_lines(ax: plt.Axes, references: dict, **kwargs) -> list:
     """A dashed grey horizontal line per reference value (``references``: label -> value,
     e.g. n-gram losses) inside the current y-limits, labelled in small text just above it at
     the right end, inside the axes; labels closer than a text height are nudged apart
-    vertically. Values outside the limits are neither drawn nor labelled, and the limits are
+    vertically, and a label moves to the left end where it would hide fewer data points there.
+    Values outside the limits are neither drawn nor labelled, and the limits are
     then fixed, so set them (``zoom_to_late``) first; labels are placed for the axes' current
     size, so call ``fig.tight_layout()`` before too. ``kwargs`` go to ``ax.axhline``.
     Returns the text artists (annotations), lowest first."""
@@ -206,6 +207,54 @@ def plot_reference_lines(ax: plt.Axes, references: dict, **kwargs) -> list:
     for i in reversed(range(len(bottoms))):
         bottoms[i] = min(bottoms[i], ceiling)
         ceiling = bottoms[i] - height
+    data = _data_boxes(ax, exclude=ax.get_lines()[-len(shown):])
     for text, bottom, line in zip(texts, bottoms, lines):  # offsets in points: kept if the axes resize
         text.xyann = (0.0, (bottom - line) / px_per_pt)
+        _clear_side(text, data, renderer)
     return texts
+
+
+def _data_boxes(ax: plt.Axes, exclude=()) -> list:
+    """Display-space boxes of what ``ax`` draws as data: each marker or line segment of its
+    lines (but ``exclude``) and each point or segment of its collections (scatter, error bars)."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.transforms import Bbox
+
+    def boxes(points) -> list:
+        points = np.asarray(points, float).reshape(-1, 2)
+        points = points[np.isfinite(points).all(axis=1)]
+        if len(points) == 1:
+            return [Bbox.from_extents(*(points[0] - 3), *(points[0] + 3))]  # a marker: a few pixels wide
+        return [Bbox([np.minimum(a, b) - 1, np.maximum(a, b) + 1]) for a, b in zip(points[:-1], points[1:])]
+
+    found = []
+    for line in ax.get_lines():
+        if line in exclude or not line.get_visible():
+            continue
+        xy = ax.transData.transform(line.get_xydata())
+        found += [b for p in xy for b in boxes([p])] if line.get_linestyle() in ("None", "", " ") else boxes(xy)
+    for collection in ax.collections:
+        if isinstance(collection, LineCollection):
+            for segment in collection.get_segments():
+                found += boxes(ax.transData.transform(segment))
+        elif len(collection.get_offsets()):
+            found += [b for p in collection.get_offset_transform().transform(collection.get_offsets())
+                      for b in boxes([p])]
+    return found
+
+
+def _clear_side(text, data: list, renderer) -> None:
+    """Move a reference label from the right end of its line to the left end where it covers less
+    data there (a wide label in a narrow panel would hide the rightmost arm's points)."""
+    def covered() -> int:
+        box = text.get_window_extent(renderer)
+        return sum(box.overlaps(b) for b in data)
+
+    right = covered()
+    if right == 0:
+        return
+    text.xy = (0.01, text.xy[1])
+    text.set_horizontalalignment("left")
+    if covered() >= right:  # no better on the left: keep it where readers look for it
+        text.xy = (0.99, text.xy[1])
+        text.set_horizontalalignment("right")
