@@ -411,6 +411,28 @@ def test_depth_transfer_figure_has_a_panel_per_arch_and_a_star_at_the_trained_de
     plt.close(fig)
 
 
+def test_depth_transfer_figure_names_an_untrained_variant_below_the_panel_not_over_its_points():
+    import pandas as pd
+
+    from nodelm_lib.reporting.figures import depth_transfer_figure
+
+    rows = [{"arm": "node", "to_steps": m, "variant": v, "n": 3, "mean": mean, "ci_low": mean - 0.01,
+             "ci_high": mean + 0.01}
+            for m, v, mean in [(2, "evaluated", 2.1), (8, "evaluated", 2.3), (2, "continued", 1.80),
+                               (8, "continued", 1.80), (2, "scratch_full", 1.9)]]
+    rows.append({"arm": "node", "to_steps": 4, "variant": "trained", "n": 3, "mean": 1.85, "ci_low": 1.84,
+                 "ci_high": 1.86})
+    fig = depth_transfer_figure(pd.DataFrame(rows))
+    ax = fig.axes[0]
+    (note,) = [t for t in ax.texts if t.get_text().startswith("not trained")]
+    assert "from scratch at m (full budget) at m=8" in note.get_text()
+    renderer = fig.canvas.get_renderer()
+    box, panel = note.get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert box.y1 < panel.y0 and box.y0 > 0  # below the axes and inside the figure
+    assert not box.overlaps(ax.xaxis.label.get_window_extent(renderer))
+    plt.close(fig)
+
+
 def test_decode_speed_figure_draws_a_pair_of_bars_per_arch(tmp_path):
     import pandas as pd
 

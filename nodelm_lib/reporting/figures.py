@@ -161,7 +161,7 @@ def depth_transfer_figure(summary, title: str | None = None, unit: str = "nats/t
     trained arch on one y scale, test loss (mean ± 95% CI over seeds) against the target depth m
     (log2 axis) for each variant (``TRANSFER_LABELS``; the rows are ``ablations.depth_transfer``'s variants), and the trained model at its own
     depth as a star. A variant a profile did not train at some m (the full budget, to fit its
-    time) is named in the panel instead of leaving a silent gap."""
+    time) is named under the panel instead of leaving a silent gap."""
     archs = list(dict.fromkeys(summary["arm"]))
     fig, axes = plt.subplots(1, len(archs), figsize=(5.2 * len(archs), 4.0), squeeze=False, sharey=True)
     variants = [v for v in TRANSFER_LABELS if v != "trained"]
@@ -188,9 +188,10 @@ def depth_transfer_figure(summary, title: str | None = None, unit: str = "nats/t
         ax.set_xticks(ticks, [str(s) for s in ticks])
         ax.set_xlabel("solver steps m")
         ax.set_title(arch)
-        if missing:
-            ax.text(0.02, 0.02, "not trained (time budget): " + "; ".join(missing), transform=ax.transAxes,
-                    fontsize=6, color="dimgrey", va="bottom")
+        if missing:  # under the x label: inside the axes it would sit on the lowest points
+            ax.annotate("not trained (time budget): " + "; ".join(missing), (0.5, 0.0), xycoords="axes fraction",
+                        xytext=(0, -30), textcoords="offset points", ha="center", va="top", fontsize=6,
+                        color="dimgrey")
     axes[0][0].set_ylabel(f"test loss ({unit})\n{INTERVAL}")
     handles, labels = {}, {}
     for ax in axes[0]:  # one legend for every panel: the union of what they draw
