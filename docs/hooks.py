@@ -1,7 +1,7 @@
 """mkdocs hook: the committed result files and figures become part of the site.
 
-The results pages link ``results/*.csv`` and show ``figures/*.png`` from the repository root, so
-the site serves the same files the tables are rendered from (``make tables``) instead of copies
+The results pages link ``results/*.csv`` (and the provenance ``.txt`` files) and show
+``figures/*.png`` from the repository root, so the site serves the same files the tables are rendered from (``make tables``) instead of copies
 kept under ``docs/``. The run store (``results/runs/``) and executed notebooks are left out.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = {"results": ("*.csv", "*.md", "*.tex", "*.json"), "figures": ("*.png",)}
+SHARED = {"results": ("*.csv", "*.md", "*.tex", "*.json", "*.txt"), "figures": ("*.png",)}
 
 
 def shared_files() -> list[Path]:
