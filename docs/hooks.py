@@ -2,7 +2,8 @@
 
 The results pages link ``results/*.csv`` (and the provenance ``.txt`` files) and show
 ``figures/*.png`` from the repository root, so the site serves the same files the tables are
-rendered from (``make tables``) instead of copies kept under ``docs/``. The run store (``results/runs/``) and executed notebooks are left out.
+rendered from (``make tables``) instead of copies kept under ``docs/``. The run store
+(``results/runs/``) and executed notebooks are left out.
 """
 
 from __future__ import annotations
