@@ -4,8 +4,9 @@
 #
 # Here, before the lease (copies the offline data the device cannot reach into an ignored folder):
 #     bash bench/gpu_lease.sh --prepare
-# On the device (the `run` tool; carry .lease), e.g. with 9 minutes to spend:
-#     bash bench/gpu_lease.sh $OUT 240
+# On the device (the `run` tool; carry .lease), with the seconds the whole script may take (keep
+# them under the command's limit; the chunk gets what the tests and the scan leave, less a margin):
+#     bash bench/gpu_lease.sh $OUT 560
 # Back here: python -m nodelm_lib import-runs <files_at>/chunk.tar.gz --store results/runs/gpu
 # (commit the records; the next lease continues where this chunk stopped), and keep the test log,
 # the scan table and the chunk's log with the notes.
@@ -18,8 +19,9 @@ if [ "${1:-}" = "--prepare" ]; then
   du -sh .lease
   exit 0
 fi
-out=${1:?usage: bash bench/gpu_lease.sh OUT_DIR [chunk budget in seconds] (or --prepare, here)}
-budget=${2:-240}
+out=${1:?usage: bash bench/gpu_lease.sh OUT_DIR [seconds for the whole script] (or --prepare, here)}
+total=${2:-560}
+started=$(date +%s)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NODELM_DATA_DIR=$PWD/.lease/data MPLBACKEND=Agg
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$out/gpu.txt"
@@ -32,8 +34,15 @@ echo "test_cuda: exit $?" | tee -a "$out/gpu.txt"
 timeout 150 python3 bench/scan.py --device cuda --batch 32 --seq 128 --channels 256 > "$out/scan_cuda.txt" 2>&1
 echo "scan: exit $?" | tee -a "$out/gpu.txt"
 
-# 3. a chunk of 02's gpu profile: runs that fit in the budget, records packed
-python3 -m nodelm_lib chunk 02_seed_comparison --profile gpu --budget "$budget" --unknown-run-s 150 \
+# 3. a chunk of 02's gpu profile: runs that fit in what is left, records packed. The margin covers
+# start-up and packing; should a run still overrun, SIGINT (not timeout's SIGTERM) lets the chunk
+# pack what was stored before the command's own limit kills everything.
+left=$(( total - ($(date +%s) - started) ))
+budget=$(( left - 60 ))
+echo "chunk budget: ${budget} s of ${left} s left" | tee -a "$out/gpu.txt"
+[ "$budget" -gt 60 ] || { echo "no time left for a chunk" | tee -a "$out/gpu.txt"; exit 0; }
+timeout -s INT -k 20 $(( left - 15 )) \
+  python3 -m nodelm_lib chunk 02_seed_comparison --profile gpu --budget "$budget" --unknown-run-s 150 \
   --archive "$out/chunk.tar.gz" \
   > "$out/chunk.log" 2>&1
 echo "chunk: exit $? (0 complete, 3 more to do, 1 failed)" | tee -a "$out/gpu.txt"
