@@ -1,49 +1,80 @@
 #!/bin/bash
-# One short GPU lease, spent in issue 40's order: the CUDA tests, the scan benchmark at 02's gpu
-# sizes, then one chunk of 02's gpu profile. Everything it measures lands in $OUT (at most 8 files).
+# One short GPU lease, spent in issue 40's order: the CUDA tests, the scan benchmarks at 02's gpu
+# sizes, the many-runs benchmark, then one chunk of 02's gpu profile with the time left. Everything
+# it measures lands in $OUT, in 8 files at most (all that come back): gpu.txt (the summary and the
+# scan table), test_cuda.log, bench.log, the benchmarks' records, chunk.log and chunk.tar.gz.
 #
 # Here, before the lease (copies the offline data the device cannot reach into an ignored folder):
 #     bash bench/gpu_lease.sh --prepare
 # On the device (the `run` tool; carry .lease), with the seconds the whole script may take (keep
-# them under the command's limit; the chunk gets what the tests and the scan leave, less a margin):
-#     bash bench/gpu_lease.sh $OUT 560
+# them under the command's limit) and the steps to take (default: all, in this order):
+#     bash bench/gpu_lease.sh $OUT 570 tests,scan,steps,many,chunk
+#   tests  tests/test_cuda.py (~2 min); the chunk is skipped if they fail
+#   scan   bench/scan.py's candidates alone at 02's gpu sizes (~30 s)
+#   steps  training steps of gpt, ti_ssm and ssm under CUDA graphs, fused and chunked scan (~3 min)
+#   many   bench/many_runs.py: 8 runs at once against one alone (~2-3 min)
+#   chunk  the runs of 02's gpu profile that fit in what is left, less a minute's margin
 # Back here: python -m nodelm_lib import-runs <files_at>/chunk.tar.gz --store results/runs/gpu
-# (commit the records; the next lease continues where this chunk stopped), and keep the test log,
-# the scan table and the chunk's log with the notes.
+# (commit the records; the next lease continues where this chunk stopped), and copy the
+# benchmarks' records under results/bench_cuda_*.
 set -u
 if [ "${1:-}" = "--prepare" ]; then
   shared=$(cd "$(dirname "$0")/../.." && pwd)/shared/data
   mkdir -p .lease/data
-  cp -r "$shared/wikitext-2-v1" "$shared/tiktoken_cache" .lease/data/
+  cp -r "$shared/wikitext-2-v1" "$shared/tinyshakespeare" "$shared/tiktoken_cache" .lease/data/  # the CUDA tests read tiny-shakespeare
   grep -qx '/.lease/' .git/info/exclude 2>/dev/null || echo '/.lease/' >> .git/info/exclude
   du -sh .lease
   exit 0
 fi
-out=${1:?usage: bash bench/gpu_lease.sh OUT_DIR [seconds for the whole script] (or --prepare, here)}
-total=${2:-560}
+out=${1:?usage: bash bench/gpu_lease.sh OUT_DIR [seconds for the whole script] [steps] (or --prepare, here)}
+total=${2:-570}
+steps=,${3:-tests,scan,steps,many,chunk},
 started=$(date +%s)
+want() { [[ "$steps" == *",$1,"* ]]; }
+left() { echo $(( total - ($(date +%s) - started) )); }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NODELM_DATA_DIR=$PWD/.lease/data MPLBACKEND=Agg
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+# set, not left to the library: it keeps a TIKTOKEN_CACHE_DIR it finds, and the image brings one
+# (/opt/tiktoken_cache) without GPT-2's files
+echo "TIKTOKEN_CACHE_DIR before: ${TIKTOKEN_CACHE_DIR:-unset}" > "$out/gpu.txt"
+export TIKTOKEN_CACHE_DIR=$PWD/.lease/data/tiktoken_cache
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$out/gpu.txt"
+tests_ok=1
 
-# 1. CUDA tests (about a minute)
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$out/test_cuda.log" 2>&1
-echo "test_cuda: exit $?" | tee -a "$out/gpu.txt"
-
-# 2. the scan candidates at 02's gpu sizes: which one the layer should run on CUDA
-timeout 150 python3 bench/scan.py --device cuda --batch 32 --seq 128 --channels 256 > "$out/scan_cuda.txt" 2>&1
-echo "scan: exit $?" | tee -a "$out/gpu.txt"
-
-# 3. a chunk of 02's gpu profile: runs that fit in what is left, records packed. The margin covers
-# start-up and packing; should a run still overrun, SIGINT (not timeout's SIGTERM) lets the chunk
-# pack what was stored before the command's own limit kills everything.
-left=$(( total - ($(date +%s) - started) ))
-budget=$(( left - 60 ))
-echo "chunk budget: ${budget} s of ${left} s left" | tee -a "$out/gpu.txt"
-[ "$budget" -gt 60 ] || { echo "no time left for a chunk" | tee -a "$out/gpu.txt"; exit 0; }
-timeout -s INT -k 20 $(( left - 15 )) \
-  python3 -m nodelm_lib chunk 02_seed_comparison --profile gpu --budget "$budget" --unknown-run-s 150 \
-  --archive "$out/chunk.tar.gz" \
-  > "$out/chunk.log" 2>&1
-echo "chunk: exit $? (0 complete, 3 more to do, 1 failed)" | tee -a "$out/gpu.txt"
-tail -5 "$out/chunk.log"
+if want tests; then
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$out/test_cuda.log" 2>&1
+  code=$?; [ $code -eq 0 ] || tests_ok=0
+  echo "test_cuda: exit $code ($(tail -1 "$out/test_cuda.log"))" | tee -a "$out/gpu.txt"
+fi
+if want scan; then
+  timeout 150 python3 bench/scan.py --device cuda --batch 32 --seq 128 --channels 256 2>&1 \
+    | grep -v -i warn | tee -a "$out/gpu.txt"
+  echo "scan: exit ${PIPESTATUS[0]}" | tee -a "$out/gpu.txt"
+fi
+if want steps; then  # rows are written as they are measured: a timeout keeps what was timed
+  timeout 240 python3 bench/record.py --only gpu --gpu-modes cudagraphs eager --gpu-archs ti_ssm ssm \
+    --gpu-scan-chunk 8 --gpu-steps 20 --out "$out/bench_cuda_scan_steps" >> "$out/bench.log" 2>&1
+  echo "steps: exit $?" | tee -a "$out/gpu.txt"
+fi
+if want many; then
+  timeout 240 python3 bench/many_runs.py --workers 8 --steps 300 --out "$out/bench_cuda_many_runs" \
+    >> "$out/bench.log" 2>&1
+  echo "many: exit $? ($(tail -1 "$out/bench.log"))" | tee -a "$out/gpu.txt"
+fi
+if want chunk; then
+  # The margin covers start-up and packing; should a run still overrun, SIGINT (not timeout's
+  # SIGTERM) lets the chunk pack what was stored before the command's own limit kills everything.
+  budget=$(( $(left) - 60 ))
+  echo "chunk budget: ${budget} s of $(left) s left" | tee -a "$out/gpu.txt"
+  if [ $tests_ok -eq 0 ]; then
+    echo "chunk skipped: the CUDA tests failed" | tee -a "$out/gpu.txt"
+  elif [ "$budget" -le 60 ]; then
+    echo "chunk skipped: no time left" | tee -a "$out/gpu.txt"
+  else
+    timeout -s INT -k 20 $(( budget + 45 )) \
+      python3 -m nodelm_lib chunk 02_seed_comparison --profile gpu --budget "$budget" --unknown-run-s 150 \
+      --archive "$out/chunk.tar.gz" > "$out/chunk.log" 2>&1
+    echo "chunk: exit $? (0 complete, 3 more to do, 1 failed)" | tee -a "$out/gpu.txt"
+    tail -5 "$out/chunk.log"
+  fi
+fi

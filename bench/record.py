@@ -478,9 +478,12 @@ def bench_odeint(repeats: int) -> list[dict]:
     return rows
 
 
-def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, write_row=None) -> list[dict]:
+def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, write_row=None,
+                 scan_chunks: list[int] = ()) -> list[dict]:
     """Every arm of 02's gpu profile, one after another on the GPU (which nothing else shares):
-    ``steps`` timed training steps after three untimed ones (the first of which compiles), per mode."""
+    ``steps`` timed training steps after three untimed ones (the first of which compiles), per mode.
+    ``scan_chunks``: each scan arm is also timed with every layer on the chunked scan of that
+    chunk size (case "ti_ssm, chunked L=8"), the candidate ``bench/scan.py`` found fastest alone."""
     from nodelm_lib.experiments.estimate import estimate_time
 
     base, arms = gpu_02_arms()
@@ -488,6 +491,10 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
     arms = {name: cfg for name, cfg in arms.items() if archs is None or name in archs or name == "gpt"}
     # the scan's arms last: the longest to compile, so a time limit cuts them and not the rest
     arms = dict(sorted(arms.items(), key=lambda item: item[1].arch in ("ti_ssm", "ssm")))
+    chunk_of = {name: None for name in arms}
+    for name, cfg in list(arms.items()):
+        for L in scan_chunks if cfg.arch in ("ti_ssm", "ssm") else ():
+            arms[f"{name}, chunked L={L}"], chunk_of[f"{name}, chunked L={L}"] = cfg, L
     if device == "cuda":
         enable_tf32()  # as nl.train on CUDA
     peak = bf16_matmul_tflops(*(() if device == "cuda" else (256, 2)))
@@ -509,7 +516,7 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
         median = {}
         for name, cfg in arms.items():
             torch.manual_seed(0)
-            model = nl.build_model(cfg).to(device).train()
+            model = with_scan_chunk(nl.build_model(cfg), chunk_of[name]).to(device).train()
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
             train_step = our_training_step(model, optimizer, compilers[mode](model), autocast)
             step = lambda: train_step(x, torch.roll(x, -1, 1))  # noqa: E731
@@ -529,6 +536,19 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
             if device == "cuda":
                 torch.cuda.empty_cache()
     return rows
+
+
+def with_scan_chunk(model: torch.nn.Module, chunk_size: int | None) -> torch.nn.Module:
+    """``model`` with every selective SSM layer on the chunked scan of ``chunk_size`` (None: as built)."""
+    from nodelm_lib.models.scans import check_chunk_size
+    from nodelm_lib.models.ssm import SelectiveSSM
+
+    if chunk_size is not None:
+        check_chunk_size(chunk_size)
+        for layer in model.modules():
+            if isinstance(layer, SelectiveSSM):
+                layer.chunk_size = chunk_size
+    return model
 
 
 def machine(threads: int) -> dict:
@@ -571,6 +591,8 @@ def main() -> None:
     parser.add_argument("--gpu-modes", nargs="+", choices=["eager", "compiled", "cudagraphs"],
                         default=["eager", "compiled"], help="cudagraphs: torch.compile(mode='reduce-overhead')")
     parser.add_argument("--gpu-archs", nargs="+", help="arms of the gpu part (default: all; gpt always)")
+    parser.add_argument("--gpu-scan-chunk", type=int, nargs="+", default=[], metavar="L",
+                        help="also time each scan arm on the chunked scan of chunk size L (a power of two)")
     parser.add_argument("--out", default="results/bench_cpu", help="path stem of the .json and .csv")
     parser.add_argument("--child-arm", help=argparse.SUPPRESS)  # one arm's steps, printed as JSON
     parser.add_argument("--child-batch", type=int, default=12, help=argparse.SUPPRESS)
@@ -603,7 +625,7 @@ def main() -> None:
              "nanogpt": lambda: bench_nanogpt(args.rounds) + bench_nanogpt_whole_run(),
              "odeint": lambda: bench_odeint(2 * args.rounds + 1),
              "gpu": lambda: bench_02_gpu(args.gpu_steps, args.gpu_modes, args.gpu_archs,
-                                         write_row=lambda r: keep(r, "gpu"))}
+                                         write_row=lambda r: keep(r, "gpu"), scan_chunks=args.gpu_scan_chunk)}
     for name in args.only or [p for p in parts if p != "gpu"]:
         for r in parts[name]():
             if name != "gpu":  # the gpu part keeps each row as it is measured

@@ -131,6 +131,46 @@ def test_a_scan_candidate_that_cannot_run_is_reported_and_the_others_are_still_t
     assert all(name in out for name in library) and out.count(" ms ") == len(library)
 
 
+def test_a_candidate_with_other_results_is_marked_wrong_and_one_without_an_operator_count_is_timed(
+        capsys, monkeypatch):
+    """(On an H100 the compiled associative_scan ran, gave a relative difference of 1.0, and refused
+    the operator count's dispatch mode.)"""
+    def doubled(*xs):
+        y, last = scan.selective_scan(*xs)
+        return 2 * y, 2 * last
+
+    library = scan.candidates(12)
+    uncountable = next(iter(library.values()))
+    monkeypatch.setattr(scan, "candidates", lambda T, device: {"doubled (candidate)": doubled, **library})
+    counts = iter([None] + [1] * len(library))
+    monkeypatch.setattr(scan, "kernel_operators", lambda fn: next(counts))
+    monkeypatch.setattr(sys, "argv", ["scan.py", "--batch", "2", "--seq", "12", "--channels", "4", "--states", "2",
+                                      "--repeats", "1", "--threads", str(torch.get_num_threads())])
+    scan.main()
+    lines = capsys.readouterr().out.splitlines()
+    doubled_row = next(line for line in lines if "doubled (candidate)" in line)
+    assert "WRONG" in doubled_row and "    ? operators" in doubled_row
+    assert sum("WRONG" in line for line in lines) == 1 and uncountable is not None
+
+
+def test_a_model_on_the_chunked_scan_gives_the_fused_scans_outputs():
+    import nodelm_lib as nl
+    from nodelm_lib.models.ssm import SelectiveSSM
+
+    cfg = nl.ModelConfig(arch="ti_ssm", vocab_size=11, d_model=16, n_heads=2, n_layers=4, max_seq_len=24,
+                         dropout=0.0)
+    torch.manual_seed(0)
+    model = nl.build_model(cfg).double()
+    x = torch.randint(0, 11, (2, 24))
+    fused = model(x)
+    record.with_scan_chunk(model, 8)
+    layers = [m for m in model.modules() if isinstance(m, SelectiveSSM)]
+    assert layers and all(m.chunk_size == 8 for m in layers)
+    torch.testing.assert_close(model(x), fused, atol=1e-10, rtol=1e-10)
+    with pytest.raises(ValueError, match="chunk_size=6"):
+        record.with_scan_chunk(model, 6)
+
+
 def test_the_associative_scan_candidates_are_offered_where_torch_has_the_operator():
     if scan.associative_recurrence("generic") is None:
         pytest.skip("torch has no associative_scan (torch < 2.5)")
@@ -210,3 +250,34 @@ def test_the_odeint_part_times_both_solvers_on_the_same_tableau_and_rows_their_r
     for r in rows:
         assert r["value"] > 0 and r["ratio"] == pytest.approx(r["value"] / r["reference_value"])
         assert r["met"] == (r["ratio"] <= r["target"] == 0.8)
+
+
+def test_many_runs_compares_k_runs_at_once_with_one_alone_by_wall_and_loop_throughput(monkeypatch):
+    import many_runs
+    from types import SimpleNamespace
+
+    clock = iter([0.0, 10.0, 100.0, 120.0])  # one run alone: 10 s; four at once: 20 s
+    monkeypatch.setattr(many_runs, "perf_counter", lambda: next(clock))
+
+    def fake_train_all(configs, store, checkpoints, isolate, workers, progress):
+        assert isolate and not progress and workers == (1 if len(configs) == 1 else 4)
+        return [SimpleNamespace(status="completed", config_hash=f"h{tc.seed}", tokens_per_s=1000.0 / workers,
+                                config=dict(max_steps=tc.max_steps, batch_size=tc.batch_size, seq_len=tc.seq_len),
+                                compile_time_s=None, peak_memory_mb=None, environment={"cpu_name": "test"})
+                for tc in configs]
+
+    monkeypatch.setattr(many_runs, "train_all", fake_train_all)
+    base = many_runs.base_config(tiny=True, steps=5)
+    assert base.max_steps == 5 and base.eval_interval == 5
+    result = many_runs.compare(base, 4)
+    assert result["alone"]["tokens"] == 5 * base.batch_size * base.seq_len
+    assert result["wall_ratio"] == pytest.approx(4 * 10 / 20)  # 4x the tokens in 2x the time
+    assert result["steady_ratio"] == pytest.approx(1.0)  # four loops at a quarter of the speed each
+
+    def failing(configs, *args, **kwargs):
+        return [SimpleNamespace(status="failed", config_hash="h0")]
+
+    monkeypatch.setattr(many_runs, "train_all", failing)
+    monkeypatch.setattr(many_runs, "perf_counter", lambda: 0.0)
+    with pytest.raises(RuntimeError, match="did not complete"):
+        many_runs.phase(base, [0], 1)

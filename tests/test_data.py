@@ -248,6 +248,20 @@ def test_configure_tiktoken_cache_respects_user_setting(shared, monkeypatch):
     assert os.environ["TIKTOKEN_CACHE_DIR"] == "/somewhere/else"
 
 
+def test_a_failed_gpt2_load_names_the_users_tiktoken_cache(monkeypatch):
+    # a lent GPU's image sets TIKTOKEN_CACHE_DIR to a cache without GPT-2's files: the error must
+    # say which cache was used, since the data dir's one is then not read
+    import tiktoken
+
+    def offline(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "/opt/tiktoken_cache")
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(RuntimeError, match="TIKTOKEN_CACHE_DIR is /opt/tiktoken_cache"):
+        data.get_tokenizer("gpt2")
+
+
 # -----------------------------------------------------------------------------
 # token cache
 

@@ -96,10 +96,13 @@ class GPT2Tokenizer(Tokenizer):
         try:
             self._enc = tiktoken.get_encoding("gpt2")
         except Exception as e:  # tiktoken raises requests' errors when offline
+            cache = os.environ.get("TIKTOKEN_CACHE_DIR")
             raise RuntimeError(
                 "could not load tiktoken's 'gpt2' encoding (it downloads two files "
                 "unless they are cached): point TIKTOKEN_CACHE_DIR at a cache such as "
                 "shared/data/tiktoken_cache, or NODELM_DATA_DIR at the shared data dir"
+                + (f" (TIKTOKEN_CACHE_DIR is {cache}, which is used as it is: the data dir's cache is "
+                   "read only where the variable is unset)" if cache else "")
             ) from e
         assert self._enc.n_vocab == self.vocab_size
 
