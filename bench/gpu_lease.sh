@@ -4,8 +4,12 @@
 # it measures lands in $OUT, in 8 files at most (all that come back): gpu.txt (the summary and the
 # scan table), test_cuda.log, bench.log, the benchmarks' records, chunk.log and chunk.tar.gz.
 #
-# Here, before the lease (copies the offline data the device cannot reach into an ignored folder):
+# Here, before the lease:
 #     bash bench/gpu_lease.sh --prepare
+# copies the offline data the device cannot reach and the gpu store's records into the ignored
+# folder .lease/ (carry it), and takes results/runs out of the index (its ~120 MB of records would
+# put the tree over the 64 MiB a call sends). After the call, and before any commit:
+#     bash bench/gpu_lease.sh --restore
 # On the device (the `run` tool; carry .lease), with the seconds the whole script may take (keep
 # them under the command's limit) and the steps to take (default: all, in this order):
 #     bash bench/gpu_lease.sh $OUT 570 tests,scan,steps,many,chunk
@@ -20,10 +24,17 @@
 set -u
 if [ "${1:-}" = "--prepare" ]; then
   shared=$(cd "$(dirname "$0")/../.." && pwd)/shared/data
-  mkdir -p .lease/data
+  rm -rf .lease && mkdir -p .lease/data .lease/runs/gpu
   cp -r "$shared/wikitext-2-v1" "$shared/tinyshakespeare" "$shared/tiktoken_cache" .lease/data/  # the CUDA tests read tiny-shakespeare
+  cp results/runs/gpu/*.json .lease/runs/gpu/ 2>/dev/null  # the next chunk reads back what earlier ones trained
   grep -qx '/.lease/' .git/info/exclude 2>/dev/null || echo '/.lease/' >> .git/info/exclude
+  git rm -r -q --cached results/runs && echo '/results/runs/' >> .git/info/exclude
+  echo "results/runs is out of the index: run 'bash bench/gpu_lease.sh --restore' after the call, before any commit"
   du -sh .lease
+  exit 0
+fi
+if [ "${1:-}" = "--restore" ]; then
+  git reset -q results/runs && sed -i '\#^/results/runs/$#d' .git/info/exclude && git status --short results/runs | head -3
   exit 0
 fi
 out=${1:?usage: bash bench/gpu_lease.sh OUT_DIR [seconds for the whole script] [steps] (or --prepare, here)}
@@ -66,6 +77,9 @@ if want chunk; then
   # SIGTERM) lets the chunk pack what was stored before the command's own limit kills everything.
   budget=$(( $(left) - 60 ))
   echo "chunk budget: ${budget} s of $(left) s left" | tee -a "$out/gpu.txt"
+  # the records of earlier chunks, carried in .lease/ (results/runs itself does not travel)
+  mkdir -p results/runs/gpu && cp -n .lease/runs/gpu/*.json results/runs/gpu/ 2>/dev/null
+  echo "store: $(ls results/runs/gpu | wc -l) records before the chunk" | tee -a "$out/gpu.txt"
   if [ $tests_ok -eq 0 ]; then
     echo "chunk skipped: the CUDA tests failed" | tee -a "$out/gpu.txt"
   elif [ "$budget" -le 60 ]; then
