@@ -27,6 +27,7 @@ if [ "${1:-}" = "--prepare" ]; then
   rm -rf .lease && mkdir -p .lease/data .lease/runs/gpu
   cp -r "$shared/wikitext-2-v1" "$shared/tinyshakespeare" "$shared/tiktoken_cache" .lease/data/  # the CUDA tests read tiny-shakespeare
   cp results/runs/gpu/*.json .lease/runs/gpu/ 2>/dev/null  # the next chunk reads back what earlier ones trained
+  mkdir -p .lease/tokens && cp .cache/tokens/wikitext2-*-gpt2-* .lease/tokens/ 2>/dev/null  # saves tokenising there
   grep -qx '/.lease/' .git/info/exclude 2>/dev/null || echo '/.lease/' >> .git/info/exclude
   git rm -r -q --cached results/runs && echo '/results/runs/' >> .git/info/exclude
   echo "results/runs is out of the index: run 'bash bench/gpu_lease.sh --restore' after the call, before any commit"
@@ -77,8 +78,10 @@ if want chunk; then
   # SIGTERM) lets the chunk pack what was stored before the command's own limit kills everything.
   budget=$(( $(left) - 60 ))
   echo "chunk budget: ${budget} s of $(left) s left" | tee -a "$out/gpu.txt"
-  # the records of earlier chunks, carried in .lease/ (results/runs itself does not travel)
-  mkdir -p results/runs/gpu && cp -n .lease/runs/gpu/*.json results/runs/gpu/ 2>/dev/null
+  # the records of earlier chunks, carried in .lease/ (results/runs itself does not travel), and
+  # WikiText-2's GPT-2 tokens if they were cached here (each is checked against a manifest on read)
+  mkdir -p results/runs/gpu .cache/tokens && cp -n .lease/runs/gpu/*.json results/runs/gpu/ 2>/dev/null
+  cp -n .lease/tokens/* .cache/tokens/ 2>/dev/null
   echo "store: $(ls results/runs/gpu | wc -l) records before the chunk" | tee -a "$out/gpu.txt"
   if [ $tests_ok -eq 0 ]; then
     echo "chunk skipped: the CUDA tests failed" | tee -a "$out/gpu.txt"
