@@ -294,6 +294,29 @@ def test_step_times_are_measured_for_a_stored_model_and_scaled_by_flops_for_anot
     assert got["s_per_step"].iloc[2] == pytest.approx(a + b * flops["gpt d=64"], rel=1e-6)
 
 
+def test_an_arm_with_no_record_of_its_own_or_of_gpt_is_priced_from_another_arm_of_the_same_shape(tmp_path):
+    """A GPU sweep in chunks meets arms before gpt's records come home: the first chunk of 02's gpu
+    profile priced every arm after hybrid at the assumed 150 s although hybrid's records were there."""
+    base = scaling.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
+                               dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=10,
+                               warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=5, eval_batches=1,
+                               eval_on="batches", device="cpu")
+    cells = scaling.width_cells(base.model, ["gpt", "ti_mlp", "ssm"], [16, 64])
+    configs = {name: nl.config.with_values(base, cell) for name, cell in cells.items()}
+    fake_record(configs["ti_mlp d=16"], 0.2).to_json(tmp_path / "ti_mlp.json")
+    fake_record(configs["gpt d=64"], 0.3).to_json(tmp_path / "gpt_wide.json")  # width-free key: gpt d=64 is gpt
+    other_shape = nl.config.with_values(configs["ssm d=16"], {"batch_size": 3})
+    records = [r for r in load_records(tmp_path) if r.config["model"]["arch"] == "ti_mlp"]
+    got = timing.step_seconds([configs["ssm d=16"], other_shape], records)
+    flops = timing._flops(configs["ssm d=16"], {}) / timing._flops(configs["ti_mlp d=16"], {})
+    assert got["s_per_step"].iloc[0] == pytest.approx(0.2 * flops, rel=1e-6)  # one width: no fixed share
+    assert "no record of this arm or of gpt: ti_mlp's" in got["source"].iloc[0]
+    assert math.isnan(got["s_per_step"].iloc[1]) and got["source"].iloc[1] == "no record of this arm or of gpt"
+    # with gpt's record in the store, gpt prices the arm as before
+    with_gpt = timing.step_seconds([configs["ssm d=16"]], load_records(tmp_path))
+    assert "gpt's" in with_gpt["source"].iloc[0]
+
+
 def test_time_estimate_packs_each_phase_on_its_lanes_and_resolves_auto_workers(tmp_path, monkeypatch):
     base = scaling.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
                                dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=10,

@@ -2,8 +2,9 @@
 sweep's time estimate (``experiments.sweep_time``) and a time budget (``runs.budget``) go by.
 
 A config's seconds per step come from the records of the same run shape ("measured"), else from the
-nearest width of the same model, or of ``gpt``, scaled by forward FLOPs with the share of a step that
-does not grow with them (``fixed_share``); a run costs its steps times that plus ``STARTUP_S``.
+nearest width of the same model, or of ``gpt``, or of any model run at the same batch, sequence length,
+device and dtype, scaled by forward FLOPs with the share of a step that does not grow with them
+(``fixed_share``); a run costs its steps times that plus ``STARTUP_S``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ def _run_key(config: dict, width: bool = True) -> str:
     return repr([model, config["batch_size"], config["seq_len"], config["device"], config["dtype"]])
 
 
+def _shape_key(config: dict) -> str:
+    return repr([config["batch_size"], config["seq_len"], config["device"], config["dtype"]])
+
+
 def _flops(tc: TrainConfig, cache: dict) -> float:
     """Forward FLOPs per token of ``tc`` (counted once per model and shape)."""
     from nodelm_lib.training.flops import forward_flops
@@ -46,11 +51,13 @@ def _timings(records: Iterable[RunRecord], cache: dict) -> pd.DataFrame:
         steps, c = len(r.metrics), r.config
         if r.status != "completed" or not steps or r.wall_time_s < r.train_time_s or r.train_time_s <= 0:
             continue  # a resumed run's wall time covers its last part only
-        rows.append({"key": _run_key(c), "family": _run_key(c, width=False),
+        rows.append({"key": _run_key(c), "family": _run_key(c, width=False), "shape": _shape_key(c),
+                     "arch": c["model"]["arch"],
                      "reference": c["model"]["arch"] == "gpt" and not c["model"]["parallel"],
                      "width": c["model"]["d_model"], "cpu": r.environment.get("cpu_capability", "?"),
                      "s_per_step": r.wall_time_s / steps, "flops": _flops(r.train_config, cache)})
-    return pd.DataFrame(rows, columns=["key", "family", "reference", "width", "cpu", "s_per_step", "flops"])
+    return pd.DataFrame(rows, columns=["key", "family", "shape", "arch", "reference", "width", "cpu", "s_per_step",
+                                       "flops"])
 
 
 def fixed_share(timings: pd.DataFrame) -> float:
@@ -67,11 +74,18 @@ def fixed_share(timings: pd.DataFrame) -> float:
     return float(np.median(shares)) if shares else 0.0
 
 
+def _nearest(timings: pd.DataFrame, flops: float):
+    """The index of the row of ``timings`` nearest to ``flops`` in log FLOPs."""
+    return (np.log(timings["flops"]) - math.log(flops)).abs().idxmin()
+
+
 def step_seconds(configs: list[TrainConfig], records: Iterable[RunRecord]) -> pd.DataFrame:
     """Seconds per training step (evaluations included) of each config, from ``records`` (a
     store's, ``load_records``): the median of the records of the same model, batch, sequence length, device
     and dtype ("measured"); else of the same model at the nearest width in FLOPs, or, for an arm
-    with no record at all, of ``gpt`` (sequential blocks) at the nearest width, scaled as
+    with no record at all, of ``gpt`` (sequential blocks) at the nearest width, and without gpt, of
+    the model nearest in FLOPs among those run at the same batch, sequence length, device and dtype
+    (a GPU sweep in chunks meets arms before gpt's records come home), scaled as
     ``s (share + (1 - share) F / F_measured)`` with ``fixed_share`` ("scaled"); NaN without any."""
     cache: dict = {}
     timings = _timings(records, cache)
@@ -86,11 +100,14 @@ def step_seconds(configs: list[TrainConfig], records: Iterable[RunRecord]) -> pd
         same, whose = timings[timings["family"] == _run_key(c, width=False)], "its own"
         if same.empty:
             same, whose = timings[timings["reference"]], "no record of this arm: gpt's"
-        if same.empty:
-            rows.append({"s_per_step": math.nan, "source": "no record of this arm or of gpt"})
-            continue
         flops = _flops(tc, cache)
-        near = same.loc[(np.log(same["flops"]) - math.log(flops)).abs().idxmin()]
+        if same.empty:
+            same = timings[timings["shape"] == _shape_key(c)]
+            if same.empty:
+                rows.append({"s_per_step": math.nan, "source": "no record of this arm or of gpt"})
+                continue
+            whose = f"no record of this arm or of gpt: {same.loc[_nearest(same, flops), 'arch']}'s"
+        near = same.loc[_nearest(same, flops)]
         scale = share + (1 - share) * flops / float(near["flops"])
         rows.append({"s_per_step": float(same.loc[same["key"] == near["key"], "s_per_step"].median()) * scale,
                      "source": f"{whose} at d={int(near['width'])} scaled by FLOPs (fixed share {share:.2f})"})
