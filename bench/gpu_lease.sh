@@ -64,7 +64,7 @@ if want scan; then
   echo "scan: exit ${PIPESTATUS[0]}" | tee -a "$out/gpu.txt"
 fi
 if want steps; then  # rows are written as they are measured: a timeout keeps what was timed
-  timeout 240 python3 bench/record.py --only gpu --gpu-modes cudagraphs eager --gpu-archs ti_ssm ssm \
+  timeout 240 python3 bench/record.py --only gpu --gpu-modes eager cudagraphs --gpu-archs ti_ssm ssm \
     --gpu-scan-chunk 8 --gpu-steps 20 --out "$out/bench_cuda_scan_steps" >> "$out/bench.log" 2>&1
   echo "steps: exit $?" | tee -a "$out/gpu.txt"
 fi
