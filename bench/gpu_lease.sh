@@ -51,6 +51,10 @@ echo "TIKTOKEN_CACHE_DIR before: ${TIKTOKEN_CACHE_DIR:-unset}" > "$out/gpu.txt"
 export TIKTOKEN_CACHE_DIR=$PWD/.lease/data/tiktoken_cache
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$out/gpu.txt"
+# the records of earlier chunks, carried in .lease/ (results/runs itself does not travel), and
+# WikiText-2's GPT-2 tokens if they were cached here (each is checked against a manifest on read)
+mkdir -p results/runs/gpu .cache/tokens && cp -n .lease/runs/gpu/*.json results/runs/gpu/ 2>/dev/null
+cp -n .lease/tokens/* .cache/tokens/ 2>/dev/null
 tests_ok=1
 
 if want tests; then
@@ -78,10 +82,6 @@ if want chunk; then
   # SIGTERM) lets the chunk pack what was stored before the command's own limit kills everything.
   budget=$(( $(left) - 60 ))
   echo "chunk budget: ${budget} s of $(left) s left" | tee -a "$out/gpu.txt"
-  # the records of earlier chunks, carried in .lease/ (results/runs itself does not travel), and
-  # WikiText-2's GPT-2 tokens if they were cached here (each is checked against a manifest on read)
-  mkdir -p results/runs/gpu .cache/tokens && cp -n .lease/runs/gpu/*.json results/runs/gpu/ 2>/dev/null
-  cp -n .lease/tokens/* .cache/tokens/ 2>/dev/null
   echo "store: $(ls results/runs/gpu | wc -l) records before the chunk" | tee -a "$out/gpu.txt"
   if [ $tests_ok -eq 0 ]; then
     echo "chunk skipped: the CUDA tests failed" | tee -a "$out/gpu.txt"

@@ -6,7 +6,9 @@ alone, measured in the same call (issue 40's target: >= 3x on an H100 at 02's gp
 
 Both phases train 02's gpu profile's ``gpt`` arm (``--tiny``: a one-layer character model) through
 the sweep's own path (``train_all``: isolated processes, a fresh store each phase, seeds that no
-other phase uses): first one run alone, then ``--workers`` runs at once. Two ratios:
+other phase uses): first one run alone, then ``--workers`` runs at once. An untimed run comes first,
+so that both phases find the same warm compile cache (a model's first compilation took ~32 s on an
+H100, later ones 3-4 s). Two ratios:
 
 * **wall**: k runs' tokens per wall second of their phase against one run's; start-up and
   compilation are counted, as a sweep pays them for every run;
@@ -63,7 +65,9 @@ def phase(base: nl.TrainConfig, seeds: list[int], workers: int) -> dict:
 
 
 def compare(base: nl.TrainConfig, workers: int) -> dict:
-    """One run alone, then ``workers`` at once: each phase's numbers and the two ratios."""
+    """One run alone, then ``workers`` at once (after an untimed run that warms the compile cache):
+    each phase's numbers and the two ratios."""
+    phase(base, [workers + 1], 1)
     alone = phase(base, [0], 1)
     together = phase(base, list(range(1, workers + 1)), workers)
     return dict(alone=alone, together=together, wall_ratio=together["tokens_per_s"] / alone["tokens_per_s"],

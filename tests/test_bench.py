@@ -256,7 +256,7 @@ def test_many_runs_compares_k_runs_at_once_with_one_alone_by_wall_and_loop_throu
     import many_runs
     from types import SimpleNamespace
 
-    clock = iter([0.0, 10.0, 100.0, 120.0])  # one run alone: 10 s; four at once: 20 s
+    clock = iter([0.0, 50.0, 60.0, 70.0, 100.0, 120.0])  # warm-up, then one run alone: 10 s; four at once: 20 s
     monkeypatch.setattr(many_runs, "perf_counter", lambda: next(clock))
 
     def fake_train_all(configs, store, checkpoints, isolate, workers, progress):
