@@ -16,7 +16,7 @@
 #   tests  tests/test_cuda.py (~2 min); the chunk is skipped if they fail
 #   scan   bench/scan.py's candidates alone at 02's gpu sizes (~30 s)
 #   steps  training steps of gpt, ti_ssm and ssm under CUDA graphs, fused and chunked scan (~3 min)
-#   many   bench/many_runs.py: 8 runs at once against one alone (~2-3 min)
+#   many   bench/many_runs.py: 8 runs at once against one alone, after a warm-up run (~3 min)
 #   chunk  the runs of 02's gpu profile that fit in what is left, less a minute's margin
 # Back here: python -m nodelm_lib import-runs <files_at>/chunk.tar.gz --store results/runs/gpu
 # (commit the records; the next lease continues where this chunk stopped), and copy the
