@@ -186,8 +186,7 @@ def plot_reference_lines(ax: plt.Axes, references: dict, **kwargs) -> list:
     ax.set_ylim(ax.get_ylim())  # a new line must not move the limits its labels were placed for
     shown = sorted((v, k) for k, v in references.items() if lo <= v <= hi)
     style = {"color": "grey", "linestyle": "--", "linewidth": 0.8, "zorder": 1, **kwargs}
-    for value, _ in shown:
-        ax.axhline(value, label="_nolegend_", **style)
+    references_drawn = [ax.axhline(value, label="_nolegend_", **style) for value, _ in shown]
     if not shown:
         return []
     renderer = ax.figure.canvas.get_renderer()
@@ -207,7 +206,7 @@ def plot_reference_lines(ax: plt.Axes, references: dict, **kwargs) -> list:
     for i in reversed(range(len(bottoms))):
         bottoms[i] = min(bottoms[i], ceiling)
         ceiling = bottoms[i] - height
-    data = _data_boxes(ax, exclude=ax.get_lines()[-len(shown):])
+    data = _data_boxes(ax, exclude=references_drawn)
     for text, bottom, line in zip(texts, bottoms, lines):  # offsets in points: kept if the axes resize
         text.xyann = (0.0, (bottom - line) / px_per_pt)
         _clear_side(text, data, renderer)
@@ -218,29 +217,43 @@ def _data_boxes(ax: plt.Axes, exclude=()) -> list:
     """Display-space boxes of what ``ax`` draws as data: each marker or line segment of its
     lines (but ``exclude``) and each point or segment of its collections (scatter, error bars)."""
     from matplotlib.collections import LineCollection
-    from matplotlib.transforms import Bbox
-
-    def boxes(points) -> list:
-        points = np.asarray(points, float).reshape(-1, 2)
-        points = points[np.isfinite(points).all(axis=1)]
-        if len(points) == 1:
-            return [Bbox.from_extents(*(points[0] - 3), *(points[0] + 3))]  # a marker: a few pixels wide
-        return [Bbox([np.minimum(a, b) - 1, np.maximum(a, b) + 1]) for a, b in zip(points[:-1], points[1:])]
 
     found = []
     for line in ax.get_lines():
         if line in exclude or not line.get_visible():
             continue
         xy = ax.transData.transform(line.get_xydata())
-        found += [b for p in xy for b in boxes([p])] if line.get_linestyle() in ("None", "", " ") else boxes(xy)
+        found += _marker_boxes(xy) if line.get_linestyle() in ("None", "", " ") else _segment_boxes(xy)
     for collection in ax.collections:
         if isinstance(collection, LineCollection):
             for segment in collection.get_segments():
-                found += boxes(ax.transData.transform(segment))
+                found += _segment_boxes(ax.transData.transform(segment))
         elif len(collection.get_offsets()):
-            found += [b for p in collection.get_offset_transform().transform(collection.get_offsets())
-                      for b in boxes([p])]
+            found += _marker_boxes(collection.get_offset_transform().transform(collection.get_offsets()))
     return found
+
+
+def _finite_points(points) -> np.ndarray:
+    points = np.asarray(points, float).reshape(-1, 2)
+    return points[np.isfinite(points).all(axis=1)]
+
+
+def _marker_boxes(points) -> list:
+    """A box a few pixels wide around each of ``points`` (display coordinates)."""
+    from matplotlib.transforms import Bbox
+
+    return [Bbox.from_extents(*(p - 3), *(p + 3)) for p in _finite_points(points)]
+
+
+def _segment_boxes(points) -> list:
+    """A box around each segment between consecutive ``points`` (display coordinates), a pixel
+    wider on each side; a single point is a marker."""
+    from matplotlib.transforms import Bbox
+
+    points = _finite_points(points)
+    if len(points) == 1:
+        return _marker_boxes(points)
+    return [Bbox([np.minimum(a, b) - 1, np.maximum(a, b) + 1]) for a, b in zip(points[:-1], points[1:])]
 
 
 def _clear_side(text, data: list, renderer) -> None:
