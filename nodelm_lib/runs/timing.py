@@ -26,11 +26,15 @@ STARTUP_S = 3.0
 
 def _run_key(config: dict, width: bool = True) -> str:
     model = {k: v for k, v in config["model"].items() if width or k != "d_model"}
-    return repr([model, config["batch_size"], config["seq_len"], config["device"], config["dtype"]])
+    return repr([model, *_shape(config)])
+
+
+def _shape(config: dict) -> list:
+    return [config["batch_size"], config["seq_len"], config["device"], config["dtype"]]
 
 
 def _shape_key(config: dict) -> str:
-    return repr([config["batch_size"], config["seq_len"], config["device"], config["dtype"]])
+    return repr(_shape(config))
 
 
 def _flops(tc: TrainConfig, cache: dict) -> float:
@@ -102,12 +106,13 @@ def step_seconds(configs: list[TrainConfig], records: Iterable[RunRecord]) -> pd
             same, whose = timings[timings["reference"]], "no record of this arm: gpt's"
         flops = _flops(tc, cache)
         if same.empty:
-            same = timings[timings["shape"] == _shape_key(c)]
+            same, whose = timings[timings["shape"] == _shape_key(c)], None
             if same.empty:
                 rows.append({"s_per_step": math.nan, "source": "no record of this arm or of gpt"})
                 continue
-            whose = f"no record of this arm or of gpt: {same.loc[_nearest(same, flops), 'arch']}'s"
         near = same.loc[_nearest(same, flops)]
+        if whose is None:
+            whose = f"no record of this arm or of gpt: {near['arch']}'s"
         scale = share + (1 - share) * flops / float(near["flops"])
         rows.append({"s_per_step": float(same.loc[same["key"] == near["key"], "s_per_step"].median()) * scale,
                      "source": f"{whose} at d={int(near['width'])} scaled by FLOPs (fixed share {share:.2f})"})
