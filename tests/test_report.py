@@ -21,6 +21,13 @@ def test_markdown_table_formats_numbers_and_missing_values():
     ]
 
 
+def test_markdown_table_writes_flop_counts_with_their_exponent():
+    """A float from 1e9 up (07's training FLOPs, read back from its CSV) keeps 3 digits and its
+    exponent instead of thirteen digits with separators; integers keep their separators."""
+    df = pd.DataFrame({"FLOPs": [2.26e12, 999_999_999.0], "params": [1_779_840, 5]})
+    assert markdown_table(df).splitlines()[2:] == ["| 2.26e+12 | 1,779,840 |", "| 999,999,999 | 5 |"]
+
+
 def test_update_rewrites_only_marked_tables_whose_csv_exists(tmp_path):
     (tmp_path / "results").mkdir()
     pd.DataFrame({"x": [1], "y": [0.5]}).to_csv(tmp_path / "results" / "t.csv", index=False)

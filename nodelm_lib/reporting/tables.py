@@ -163,12 +163,15 @@ def append_reference_rows(table: pd.DataFrame, references: pd.DataFrame, values:
 
 
 def _cell(value) -> str:
-    """A table cell: floats to 4 significant digits; numbers from 1e4 up with thousands separated."""
+    """A table cell: floats to 4 significant digits; numbers from 1e4 up with thousands separated,
+    floats from 1e9 up (FLOP counts, read back from a CSV) in scientific notation to 3 digits."""
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
             return "–"
         if math.isinf(value):
             return "∞" if value > 0 else "-∞"
+        if abs(value) >= 1e9:  # thirteen digits with separators hide the exponent a reader wants
+            return f"{value:.3g}"
         return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
     if isinstance(value, (bool, np.bool_)):
         return str(bool(value))
