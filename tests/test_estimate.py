@@ -83,6 +83,12 @@ def test_a_sweep_pools_seeds_and_prints_a_table():
     # (label, config) pairs: two arms of the same arch keep their names; an arm's seeds share a row
     pairs = estimate_time([(name, cfg(seed=s)) for name in ("gpt", "gpt_parallel") for s in range(2)], gpus=["L4"])
     assert [(r["label"], r["runs"]) for r in pairs.rows] == [("gpt", 2), ("gpt_parallel", 2)]
+    # a learning-rate search's rates share a row too (a rate changes no FLOPs), its lengths do not
+    search = [("gpt lr search", dataclasses.replace(cfg(seed=s), lr=lr)) for lr in (1e-3, 2e-3, 4e-3) for s in (0, 1)]
+    longer = ("gpt lr search", dataclasses.replace(cfg(), max_steps=2 * cfg().max_steps))
+    rows = estimate_time(search + [longer], gpus=["L4"]).rows
+    assert [(r["label"], r["runs"], r["steps"]) for r in rows] == [
+        ("gpt lr search", 6, cfg().max_steps), ("gpt lr search", 1, 2 * cfg().max_steps)]
 
 
 def test_a_record_is_estimated_from_its_measured_flops():

@@ -134,8 +134,8 @@ def estimate_time(runs: Run | Iterable[Run | tuple[str, Run]] | Mapping[str, Run
     """Expected training time of ``runs`` on each of ``gpus``: ``print(nl.estimate_time(configs))``.
 
     ``runs``: one ``TrainConfig`` or ``RunRecord``, a list of them (a sweep) or of ``(label, run)``
-    pairs, or a mapping ``{label: config}``; configs that differ only in their seed (and share a
-    label) share a row. ``dtype``
+    pairs, or a mapping ``{label: config}``; configs that differ only in their seed or learning
+    rate (and share a label) share a row: a rate changes no FLOPs. ``dtype``
     overrides each config's own (e.g. ``"bfloat16"`` to plan GPU runs from CPU configs).
     ``mfu`` and ``min_step_s`` as in the module docstring. Each distinct model is built once
     (on the meta device) to count its FLOPs.
@@ -152,7 +152,7 @@ def estimate_time(runs: Run | Iterable[Run | tuple[str, Run]] | Mapping[str, Run
     for label, run in labelled:
         tc = run.train_config if isinstance(run, RunRecord) else run
         run_dtype = dtype or tc.dtype
-        key = (label or tc.model.arch, run_dtype, _json({k: v for k, v in to_dict(tc).items() if k != "seed"}))
+        key = (label or tc.model.arch, run_dtype, _json({k: v for k, v in to_dict(tc).items() if k not in ("seed", "lr")}))
         if key in rows:
             rows[key]["runs"] += 1
             continue
