@@ -433,3 +433,35 @@ def test_an_isolated_run_stops_when_its_sweep_is_killed(tmp_path):
         sweep.kill()
         for pid in _pids_running(str(config_file.parent)):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_run_trained_again_for_its_weights_keeps_its_stored_record(tmp_path, caplog):
+    """Records are committed, checkpoints are not: a notebook that needs a stored run's weights
+    (04 reads 02's models) trains it again. When the training reproduces the record, the record
+    stays byte for byte (its commit and times are the ones the tables were built from); when it
+    ends elsewhere, the record is replaced, with a warning, to describe the weights on disk."""
+    import shutil
+
+    tc = tiny()
+    store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    first = nl.run(tc, store, ckpt)
+    path = record_path(store, first.config_hash)
+    elsewhere = dataclasses.replace(nl.RunRecord.from_json(path), wall_time_s=12345.0,
+                                    environment={**first.environment, "git_commit": "0000000"})
+    elsewhere.to_json(path)  # as if trained by another commit, at another speed
+    stamped = path.read_text()
+    shutil.rmtree(ckpt)
+    again = nl.run(tc, store, ckpt, need_checkpoint=True)
+    assert path.read_text() == stamped and again.environment["git_commit"] == "0000000"
+    assert store_module.checkpoint_path(first.config_hash, ckpt).exists() and again.model is not None
+
+    shifted = first.final["val_loss"] + 0.5  # its curve and final loss, consistently
+    moved = dataclasses.replace(elsewhere, final={**first.final, "val_loss": shifted},
+                                evals=[*first.evals[:-1], {**first.evals[-1], "val_loss": shifted}])
+    moved.to_json(path)  # a record whose numbers this machine does not reproduce
+    shutil.rmtree(ckpt)
+    with caplog.at_level("WARNING", logger="nodelm_lib.runs.store"):
+        replaced = nl.run(tc, store, ckpt, need_checkpoint=True)
+    assert "ended elsewhere than its stored record" in caplog.text
+    assert replaced.final == first.final and nl.RunRecord.from_json(path).final == first.final
+    assert nl.RunRecord.from_json(path).environment["git_commit"] == first.environment["git_commit"]

@@ -83,8 +83,12 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
     under ``checkpoints/<hash>/`` and resumes from there when restarted; its final model stays
     there (``record.checkpoint``, loadable with ``nl.load_model``). ``isolate=True`` trains in
     a fresh process (``isolated.py``), with ``threads`` torch threads if given.
-    ``need_checkpoint=True`` retrains a stored run whose final model is not on disk (records are committed, checkpoints are not); training is
-    deterministic, so the record it writes again holds the same numbers. Returns the stored
+    ``need_checkpoint=True`` retrains a stored run whose final model is not on disk (records are
+    committed, checkpoints are not). Training is deterministic on one kind of CPU, so the retrained
+    run usually ends with the stored record's losses: the stored record then stays as it is (its
+    commit, CPU and times are those of the training the tables were built from), and only the
+    weights are new. A retraining that ends elsewhere (another kind of CPU) replaces the record,
+    with a warning, so that the record describes the weights on disk. Returns the stored
     record; an in-process run also carries the trained model as ``record.model``. While another
     worker holds the run's claim (``claims.py``), this waits for it and reads its record. Under a
     time budget (``budget.py``), a run that cannot finish in time raises ``BudgetReached``
@@ -99,13 +103,15 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
         if done is not None:
             return done
         check_budget(tc, lambda: load_records(store, cached=True))
-        return train_into_store(tc, store, checkpoints, isolate, threads)
+        return train_into_store(tc, store, checkpoints, isolate, threads, stored=stored_record(tc, store))
 
 
 def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
-                     isolate: bool = False, threads: int | None = None) -> RunRecord:
+                     isolate: bool = False, threads: int | None = None, stored: RunRecord | None = None) -> RunRecord:
     """Train ``tc`` (resuming its checkpoint) and write its finished record to ``store``; the
-    caller holds the run's claim. ``run`` without the look-up and the claim."""
+    caller holds the run's claim. ``run`` without the look-up and the claim. ``stored``: the
+    store's record of a run trained again for its weights, kept where the new training
+    reproduces it (``same_training``)."""
     tc = with_tokenizer_vocab(tc)
     config_hash = tc.config_hash()
     out_dir = Path(checkpoints) / config_hash
@@ -120,9 +126,25 @@ def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpo
             record = getattr(err, "record", None)
             if record is None or record.status != "failed":
                 raise  # a bug or an interruption: nothing to store, the checkpoint resumes it
+    if stored is not None and same_training(stored, record):
+        return dataclasses.replace(stored, model=record.model)
     if record.status in ("completed", "failed") and launch_context().is_main:  # rank 0 of a data-parallel run
+        if stored is not None:
+            log.warning("run %s (%s, seed %s) trained again for its weights ended elsewhere than its stored "
+                        "record (final %s, stored %s): the record is replaced", config_hash, tc.model.arch, tc.seed,
+                        record.final, stored.final)
         record.to_json(record_path(store, config_hash))
     return record
+
+
+def same_training(a: RunRecord, b: RunRecord) -> bool:
+    """Whether two trainings of one run ended alike: status, final losses and the validation
+    curve equal to the bit (times, commit and machine may differ)."""
+    def curve(record: RunRecord) -> list:
+        return [{k: v for k, v in e.items() if k != "train_time_s"} for e in record.evals]
+
+    return (a.config_hash == b.config_hash and a.status == b.status and a.final == b.final
+            and curve(a) == curve(b))
 
 
 def evaluations_path(store: str | Path, config_hash: str) -> Path:
