@@ -209,15 +209,15 @@ docs: setup
 # (so the committed results/ and figures/ are never rewritten; notebooks that only read the store
 # train nothing), then written to docs/notebooks/<nb>.ipynb with a first cell naming the profile
 # and the machine. The other notebooks' pages are the committed notebooks (smoke outputs) with a
-# note that their $(DOCS_PROFILE) outputs come later. 02 is left out while its cpu profile is
-# rerun under the revised learning-rate protocol: its store lacks those runs, so it would train
-# for hours. One notebook at a time.
+# note that their $(DOCS_PROFILE) outputs come later. A notebook whose runs are not all in the
+# store trains them (for hours, for a sweep): run its profile first. One notebook at a time.
 DOCS_PROFILE  ?= cpu
-DOCS_EXECUTED ?= $(filter-out 02_seed_comparison,$(NOTEBOOKS))
+DOCS_EXECUTED ?= $(NOTEBOOKS)
 DOCS_WORK     ?= build/docs-notebooks
 docs-notebooks: setup
 	rm -rf "$(DOCS_WORK)" && mkdir -p "$(DOCS_WORK)/results" docs/notebooks
 	cp -r results/runs "$(DOCS_WORK)/results/"
+	cp results/*.csv "$(DOCS_WORK)/results/"  # results a notebook reads (07: 02's chosen rates)
 	@commit=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown); \
 	for nb in $(DOCS_EXECUTED); do \
 	  echo ">> $$nb [$(DOCS_PROFILE)] -> docs/notebooks/$$nb.ipynb"; start=$$(date +%s); \
