@@ -222,3 +222,5 @@ def test_the_chunk_command_runs_a_notebook_in_this_process_and_packs_its_runs(tm
     with tarfile.open(archive) as tar:
         assert sorted(tar.getnames()) == sorted(p.name for p in store.glob("*.json")) and len(tar.getnames()) == 2
     assert (tmp_path / "results" / "gradient_flow_smoke.csv").exists()
+    # the chunk's deadline stays inside it: a later run in this process is not held to it
+    assert not {budget.DEADLINE_ENV, budget.REPORT_ENV, budget.UNKNOWN_ENV} & set(os.environ)
