@@ -23,7 +23,6 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import logging
 import math
@@ -201,6 +200,9 @@ def _store(args: argparse.Namespace) -> int:
 
 
 def _chunk(args: argparse.Namespace) -> int:
+    import os
+    from unittest import mock
+
     from nodelm_lib.experiments.notebook_here import run_notebook_here
     from nodelm_lib.reporting.reproduce import make_notebook
     from nodelm_lib.runs.chunks import describe, run_chunk
@@ -216,28 +218,11 @@ def _chunk(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"no notebook {path}")
 
         def run(env: dict) -> int:
-            with _environment(env):  # the deadline must not outlive the chunk in this process
+            with mock.patch.dict(os.environ, env):  # the deadline must not outlive the chunk in this process
                 return run_notebook_here(path, args.profile, cwd=path.parent)
     result = run_chunk(run, store, args.archive, args.budget, args.unknown_run_s)
     print(describe(result, args.archive))
     return result.exit_code
-
-
-@contextlib.contextmanager
-def _environment(env: dict[str, str]):
-    """``os.environ`` with ``env`` set, as it was again afterwards."""
-    import os
-
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _import_runs(args: argparse.Namespace) -> int:
