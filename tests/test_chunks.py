@@ -124,6 +124,30 @@ def test_a_record_the_store_holds_with_other_results_is_refused_and_nothing_is_i
     assert not record_path(home, run_hash(configs[1])).exists()
 
 
+def test_a_run_trained_again_elsewhere_imports_as_the_same_run(tmp_path):
+    """Two trainings of one run differ only in times, commit, machine and the config's fields
+    outside the hash: the import finds the stored one the same and keeps it, NaN losses included."""
+    lease, home = tmp_path / "lease", tmp_path / "home"
+    tc = tiny(0, 4)
+    nl.run(tc, lease, tmp_path / "ckpt_lease")
+    nl.run(dataclasses.replace(tc, progress=True), home, tmp_path / "ckpt_home")
+    path = record_path(home, run_hash(tc))
+    there, here = RunRecord.from_json(record_path(lease, run_hash(tc))), RunRecord.from_json(path)
+    assert there.evals[-1]["train_time_s"] != here.evals[-1]["train_time_s"]  # a real second training
+    assert there.config["progress"] != here.config["progress"]
+    dataclasses.replace(here, environment={**here.environment, "git_commit": "0000000"}).to_json(path)
+    stored = path.read_text()
+    chunks.pack(lease, {}, tmp_path / "a.tar.gz")
+    assert chunks.import_archive(tmp_path / "a.tar.gz", home) == {"added": [], "same": [path.name]}
+    assert path.read_text() == stored
+
+    for record, where in ((there, lease), (here, home)):  # a run that failed with a NaN loss, trained twice
+        record.metrics[-1]["loss"], record.status = float("nan"), "failed"
+        record.to_json(record_path(where, run_hash(tc)))
+    chunks.pack(lease, {}, tmp_path / "b.tar.gz")
+    assert chunks.import_archive(tmp_path / "b.tar.gz", home)["same"] == [path.name]
+
+
 @pytest.mark.parametrize("member", ["../evil.json", "checkpoint.pt", "deep/er/x.json"])
 def test_an_archive_holding_anything_but_records_is_refused(tmp_path, member):
     source = tmp_path / "x.json"

@@ -33,6 +33,7 @@ from typing import Callable
 
 from nodelm_lib.files import atomic_write_text
 from nodelm_lib.runs.budget import DEADLINE_ENV, REPORT_ENV, UNKNOWN_ENV
+from nodelm_lib.runs.store import training_outcome
 from nodelm_lib.training.integrity import RecordError, check_file
 
 # how the outcome of a chunk maps to the command's exit status
@@ -117,14 +118,10 @@ def _members(tar: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
 
 
 def _results(path: Path) -> object:
-    """What must agree for two copies of a stored file to be the same run: a record's status,
-    config, final values, evaluations and training losses (not its timings or environment: a run
-    retrained elsewhere differs there); an evaluations file whole."""
+    """What must agree for two copies of a stored file to be the same run: a record's
+    ``training_outcome``; an evaluations file whole."""
     data = json.loads(path.read_text())
-    if path.parent.name == "evaluations":
-        return data
-    return [data.get(k) for k in ("config_hash", "status", "config", "final", "evals")] + [
-        [m.get("loss") for m in data.get("metrics") or []]]
+    return data if path.parent.name == "evaluations" else training_outcome(data)
 
 
 def import_archive(archive: str | Path, store: str | Path) -> dict[str, list[str]]:

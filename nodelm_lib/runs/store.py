@@ -137,14 +137,21 @@ def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpo
     return record
 
 
-def same_training(a: RunRecord, b: RunRecord) -> bool:
-    """Whether two trainings of one run ended alike: status, final losses and the validation
-    curve equal to the bit (times, commit and machine may differ)."""
-    def curve(record: RunRecord) -> list:
-        return [{k: v for k, v in e.items() if k != "train_time_s"} for e in record.evals]
+def training_outcome(record: dict) -> str:
+    """What every training of one run must reproduce, from a record's fields (a stored record's
+    JSON, or ``vars`` of a ``RunRecord``): its config hash, status, final losses, validation curve
+    and per-step training losses. Not its times (the curve's ``train_time_s`` included), commit,
+    machine or the config's fields outside the hash (paths, progress bars): a run trained again
+    elsewhere differs there. As canonical JSON, so that a NaN loss equals a NaN loss."""
+    outcome = [record.get("config_hash"), record.get("status"), record.get("final"),
+               [{k: v for k, v in e.items() if k != "train_time_s"} for e in record.get("evals") or []],
+               [m.get("loss") for m in record.get("metrics") or []]]
+    return json.dumps(outcome, sort_keys=True)
 
-    return (a.config_hash == b.config_hash and a.status == b.status and a.final == b.final
-            and curve(a) == curve(b))
+
+def same_training(a: RunRecord, b: RunRecord) -> bool:
+    """Whether two trainings of one run ended alike (``training_outcome``)."""
+    return training_outcome(vars(a)) == training_outcome(vars(b))
 
 
 def evaluations_path(store: str | Path, config_hash: str) -> Path:
