@@ -305,7 +305,10 @@ class TrainConfig:
     training (the validation curve) and scores the whole validation and test splits once, at
     the end (``final["val_loss"]``, ``final["test_loss"]``): for a corpus such as WikiText-2,
     whose 1.1M-character validation split would cost more than training if scored at every
-    evaluation.
+    evaluation. ``score_test=False`` leaves the test split unscored (no ``final["test_loss"]``):
+    for a learning-rate selection run, which is chosen on validation and never reported on test,
+    and on WikiText-2 would spend as long scoring the 1.3M-character test split as training 500
+    steps.
 
     ``dtype="bfloat16"`` trains under bf16 autocast: on CUDA, and on CPUs that compute bf16
     natively (AMX or AVX512-BF16; elsewhere ``nl.train`` refuses, see
@@ -340,6 +343,7 @@ class TrainConfig:
     eval_batches: int = 20
     eval_seed: int = 1234
     eval_on: str = "batches"
+    score_test: bool = True
     seed: int = 0
     device: str = "auto"
     dtype: str = "float32"
@@ -386,7 +390,8 @@ NON_SEMANTIC_KEYS = frozenset({"out_dir", "checkpoint_interval", "resume", "log_
 # Fields added after runs were stored, with the value those runs had: left out of the hash
 # while they hold it, so that every stored record keeps its name. A nested field is named by
 # its dotted path from TrainConfig ("model.position").
-HASHED_ONLY_IF_CHANGED = {"eval_on": "batches", "compile": False, "init_from": None, "model.position": "learned"}
+HASHED_ONLY_IF_CHANGED = {"eval_on": "batches", "compile": False, "init_from": None, "model.position": "learned",
+                          "score_test": True}
 
 
 def config_hash(cfg: TrainConfig) -> str:

@@ -130,3 +130,35 @@ def test_select_lr_trains_each_arm_rate_and_seed_once_and_refinement_reuses_the_
         select_lr(tiny(), arms, grids, seed=[100, 0], reported_seeds=[0], **options)
     with pytest.raises(ValueError, match="repeat a seed"):
         select_lr(tiny(), arms, grids, seed=[100, 100], **options)
+
+
+def test_selection_runs_may_leave_the_test_split_unscored_and_the_sweep_still_scores_it(tmp_path, monkeypatch):
+    """score_test=False: the selection runs evaluate validation only (other hashes, no test loss,
+    the test split never read), the same validation losses as scoring runs; the sweep after it
+    trains its reported runs with a test loss."""
+    from nodelm_lib.training import evaluation, loop
+
+    options = dict(store=tmp_path / "runs", checkpoints=tmp_path / "ckpt", isolate=False, progress=False)
+    arms, grid = {"a": {}}, [1e-3, 3e-3]
+    read = []
+    real = evaluation.final_eval_batches
+    monkeypatch.setattr(loop, "final_eval_batches", lambda tc, split, *a: read.append(split) or real(tc, split, *a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LRSelectionWarning)
+        lean = select_lr(tiny(), arms, grid, seed=100, score_test=False, **options)
+        assert "test" not in read
+        full = select_lr(tiny(), arms, grid, seed=100, **options)
+    assert "test" in read
+    assert set(lean["config_hash"]).isdisjoint(full["config_hash"])
+    assert lean["val_loss"].tolist() == full["val_loss"].tolist()
+    for h in lean["config_hash"]:
+        final = nl.RunRecord.from_json(store.record_path(tmp_path / "runs", h)).final
+        assert "test_loss" not in final and math.isfinite(final["val_loss"])
+    runs = nl.sweep(tiny(), arms, [0], lr_selection=lean, **options)
+    assert runs["test_loss"].notna().all()
+
+
+def test_score_test_at_its_default_keeps_every_hash():
+    d = nl.TrainConfig()
+    assert nl.TrainConfig(score_test=True).config_hash() == d.config_hash()
+    assert nl.TrainConfig(score_test=False).config_hash() != d.config_hash()

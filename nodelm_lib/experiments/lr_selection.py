@@ -32,13 +32,15 @@ class LRSelectionWarning(UserWarning):
 def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs, seed: int | Iterable[int],
               max_steps: int | None = None, store: str | Path = DEFAULT_STORE,
               checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, progress: bool = True,
-              workers: int = 1, reported_seeds: Iterable[int] = (), launcher=None) -> pd.DataFrame:
+              workers: int = 1, reported_seeds: Iterable[int] = (), launcher=None,
+              score_test: bool = True) -> pd.DataFrame:
     """Each arm's learning rate, chosen on validation: every arm trained once per rate of
     ``lrs`` (one grid for every arm, or a mapping arm -> its own grid) and per selection seed
     (``seed``: one seed or several, none of them one of the ``reported_seeds``: a rate picked on
     the seeds it is then reported on would favour it). ``max_steps`` shortens the runs (the
     schedule is the same shape, ending at ``max_steps``); every run ends with its validation
-    loss, and no test loss is looked at.
+    loss, and no test loss is looked at (``score_test=False``: none is computed either, which on
+    a large corpus halves the cost of a short run's final scoring; it changes the runs' hashes).
 
     Returns one row per (arm, lr): arm, lr, seed (the first selection seed), seeds (all of
     them, space-separated), n_seeds, steps, val_loss (the mean over the selection seeds; NaN
@@ -51,7 +53,7 @@ def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs, seed: int
     arms). Pass the table to ``sweeps.sweep(lr_selection=...)``. ``launcher`` as in ``sweep``.
     """
     seeds = _selection_seeds(seed, reported_seeds)
-    configs = lr_search_configs(base, arms, lrs, seeds, max_steps)
+    configs = lr_search_configs(base, arms, lrs, seeds, max_steps, score_test)
     records = _run_all([tc for *_, tc in configs], store, checkpoints, isolate, False, workers, progress,
                        labels=[f"{name} lr {lr:g} seed {s}" for name, lr, s, _ in configs], launcher=launcher)
     return selection_table([(name, lr, s, tc.max_steps, record) for (name, lr, s, tc), record in zip(configs, records)])
@@ -118,11 +120,13 @@ def _selection_margin(long: pd.DataFrame, table: pd.DataFrame) -> tuple[float, f
 
 
 def lr_search_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs, seed: int | Iterable[int],
-                      max_steps: int | None = None) -> list[tuple[str, float, int, TrainConfig]]:
+                      max_steps: int | None = None, score_test: bool = True) -> list[tuple[str, float, int, TrainConfig]]:
     """(arm, lr, seed, config) of every run ``select_lr`` trains (``sweeps.train_all`` can train
     them together with another step's runs). ``lrs``: one grid, or a mapping arm -> grid."""
     seeds = [int(seed)] if isinstance(seed, (int, np.integer)) else [int(s) for s in seed]
     short = with_values(base, {"max_steps": max_steps}) if max_steps is not None else base
+    if not score_test:
+        short = with_values(short, {"score_test": False})
     grids = arm_grids(arms, lrs)
     return [(name, lr, s, with_values(short, {**overrides, "lr": lr, "seed": s}))
             for name, overrides in arms.items() for lr in grids[name] for s in seeds]

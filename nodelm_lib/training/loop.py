@@ -170,15 +170,16 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
         release_kept_buffers()  # the bf16 head's kept gradient logits serve training steps only
 
     final_val_batches = final_eval_batches(tc, "validation", val_batches)
-    test_batches = final_eval_batches(tc, "test")
     record.final = {
         "train_loss": _final_train_loss(record.metrics),
         "val_loss": (record.evals[-1]["val_loss"] if final_val_batches is val_batches
                      else evaluate(model, final_val_batches, device, autocast, ctx)),
-        "test_loss": evaluate(model, test_batches, device, autocast, ctx),  # computed once, at the end
         "val_tokens": batch_tokens(final_val_batches),
-        "test_tokens": batch_tokens(test_batches),
     }
+    if tc.score_test:
+        test_batches = final_eval_batches(tc, "test")
+        record.final["test_loss"] = evaluate(model, test_batches, device, autocast, ctx)  # computed once, at the end
+        record.final["test_tokens"] = batch_tokens(test_batches)
     record.status = "completed"
     check_learned(record, model.cfg.vocab_size)
     if out_dir is not None and start < tc.max_steps:
