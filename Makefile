@@ -209,7 +209,8 @@ docs: setup
 # (so the committed results/ and figures/ are never rewritten; notebooks that only read the store
 # train nothing), then written to docs/notebooks/<nb>.ipynb with a first cell naming the profile
 # and the machine. The other notebooks' pages are the committed notebooks (smoke outputs) with a
-# note that their $(DOCS_PROFILE) outputs come later. A notebook whose runs are not all in the
+# note that their $(DOCS_PROFILE) outputs come later, unless their page is already an executed one
+# (so that DOCS_EXECUTED="07_scaling" refreshes 07's page alone). A notebook whose runs are not all in the
 # store trains them (for hours, for a sweep): run its profile first. One notebook at a time.
 DOCS_PROFILE  ?= cpu
 DOCS_EXECUTED ?= $(NOTEBOOKS)
@@ -229,6 +230,8 @@ docs-notebooks: setup
 	  echo ">> $$nb done in $$(( $$(date +%s) - start )) s"; \
 	done
 	@for nb in $(filter-out $(DOCS_EXECUTED),$(NOTEBOOKS)); do \
+	  if grep -q "Outputs on this page: the \`$(DOCS_PROFILE)\` profile" docs/notebooks/$$nb.ipynb 2>/dev/null; then \
+	    echo ">> $$nb: its page is already an executed $(DOCS_PROFILE) page; kept"; continue; fi; \
 	  $(VPY) -m nodelm_lib.reporting.pages notebook notebooks/$$nb.ipynb docs/notebooks/$$nb.ipynb --profile $(DOCS_PROFILE) --pending; \
 	done
 
