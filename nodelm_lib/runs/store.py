@@ -103,16 +103,17 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
         if done is not None:
             return done
         check_budget(tc, lambda: load_records(store, cached=True))
-        return train_into_store(tc, store, checkpoints, isolate, threads, stored=stored_record(tc, store))
+        return train_into_store(tc, store, checkpoints, isolate, threads)
 
 
 def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
-                     isolate: bool = False, threads: int | None = None, stored: RunRecord | None = None) -> RunRecord:
+                     isolate: bool = False, threads: int | None = None) -> RunRecord:
     """Train ``tc`` (resuming its checkpoint) and write its finished record to ``store``; the
-    caller holds the run's claim. ``run`` without the look-up and the claim. ``stored``: the
-    store's record of a run trained again for its weights, kept where the new training
-    reproduces it (``same_training``)."""
+    caller holds the run's claim. ``run`` without the look-up and the claim. A record the store
+    already holds (a run trained again for its weights, by ``run`` or a launcher's job) is kept
+    where the new training reproduces it (``same_training``)."""
     tc = with_tokenizer_vocab(tc)
+    stored = stored_record(tc, store)
     config_hash = tc.config_hash()
     out_dir = Path(checkpoints) / config_hash
     tc = dataclasses.replace(tc, out_dir=str(out_dir), resume=True,
