@@ -83,3 +83,4 @@ def test_an_isolated_runs_log_is_appended_and_says_it_resumed(tmp_path):
     log = (tmp_path / "train.log").read_text()
     assert log.count(f"run {tc.config_hash()} (gpt, seed 0), 3 steps") == 2  # both attempts kept
     assert "resumed from step 3 of 3" in log.split(f"run {tc.config_hash()}")[2]
+    assert "Warning" not in log  # `python -m` of an already imported module made runpy warn in every run's log

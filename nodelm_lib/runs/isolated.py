@@ -1,8 +1,8 @@
 """One training run in a fresh Python process: what ``run(isolate=True)`` and a sweep's workers use.
 
 The process's peak memory (resident set size on CPU) and speed are then its own, not inflated by
-earlier runs in the same process, and a crash takes down only that run. The child is
-``python -m nodelm_lib.runs.isolated CONFIG.json``; it stops when the process that started it dies.
+earlier runs in the same process, and a crash takes down only that run. The child runs this
+module's ``main`` on CONFIG.json (``CHILD_COMMAND``); it stops when the process that started it dies.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ from nodelm_lib.training.record import RECORD_NAME, RunRecord
 THREADS_ENV = "NODELM_NUM_THREADS"
 # the pid of the sweep that started an isolated run: the run stops when that process is gone
 PARENT_ENV = "NODELM_PARENT_PID"
+# the child's command line before the config file. Not ``python -m nodelm_lib.runs.isolated``:
+# importing the package imports this module first, and runpy then warns in every run's log that the
+# module it executes was already imported
+CHILD_COMMAND = ("-c", "import sys; from nodelm_lib.runs.isolated import main; sys.exit(main(sys.argv[1:]))")
 
 
 def train_in_subprocess(tc: TrainConfig, out_dir: Path, threads: int | None = None) -> RunRecord:
@@ -47,7 +51,7 @@ def train_in_subprocess(tc: TrainConfig, out_dir: Path, threads: int | None = No
         log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}: run {tc.config_hash()} ({tc.model.arch}, seed "
                        f"{tc.seed}), {tc.max_steps} steps\n")
         log_file.flush()
-        child = subprocess.Popen([sys.executable, "-m", "nodelm_lib.runs.isolated", str(config_file)],
+        child = subprocess.Popen([sys.executable, *CHILD_COMMAND, str(config_file)],
                                  stdout=log_file, stderr=subprocess.STDOUT, env=env)
         try:
             code = child.wait()
@@ -85,7 +89,8 @@ def stop_when_parent_dies(parent_pid: int, poll_s: float = 1.0) -> threading.Thr
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m nodelm_lib.runs.isolated CONFIG.json``: one training run (``run(isolate=True)``'s child)."""
+    """One training run from CONFIG.json, ``argv``'s one item (``run(isolate=True)``'s child,
+    started with ``CHILD_COMMAND``; ``python -m nodelm_lib.runs.isolated CONFIG.json`` works too)."""
     (config_file,) = argv if argv is not None else sys.argv[1:]
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # into train.log: "resumed from step N"
     if os.environ.get(PARENT_ENV):
