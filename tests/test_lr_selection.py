@@ -158,6 +158,34 @@ def test_selection_runs_may_leave_the_test_split_unscored_and_the_sweep_still_sc
     assert runs["test_loss"].notna().all()
 
 
+def test_selection_runs_may_be_judged_on_the_validation_curves_batches(tmp_path, monkeypatch):
+    """eval_on="batches" over a whole_split_at_end base: the selection runs never score a whole
+    split (other hashes); each rate's validation loss is its run's last curve point, the loss of
+    the fixed batches, which the whole-split runs evaluate too but then replace."""
+    from nodelm_lib.training import evaluation
+
+    options = dict(store=tmp_path / "runs", checkpoints=tmp_path / "ckpt", isolate=False, progress=False)
+    arms, grid = {"a": {}}, [1e-3, 3e-3]
+    base = tiny(eval_on="whole_split_at_end")
+    whole = []
+    real = evaluation.split_windows
+    monkeypatch.setattr(evaluation, "split_windows", lambda *a, **k: whole.append(1) or real(*a, **k))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LRSelectionWarning)
+        curve = select_lr(base, arms, grid, seed=100, score_test=False, eval_on="batches", **options)
+        assert not whole
+        full = select_lr(base, arms, grid, seed=100, score_test=False, **options)
+    assert whole
+    assert set(curve["config_hash"]).isdisjoint(full["config_hash"])
+    for row_curve, row_full in zip(curve.itertuples(), full.itertuples()):
+        scored = nl.RunRecord.from_json(store.record_path(tmp_path / "runs", row_curve.config_hash))
+        reference = nl.RunRecord.from_json(store.record_path(tmp_path / "runs", row_full.config_hash))
+        assert scored.final["val_loss"] == scored.evals[-1]["val_loss"] == reference.evals[-1]["val_loss"]
+        assert scored.final["val_tokens"] < reference.final["val_tokens"]
+    with pytest.raises(ValueError, match="eval_on"):
+        lr_selection.lr_search_configs(base, arms, grid, 100, eval_on="every_window")
+
+
 def test_score_test_at_its_default_keeps_every_hash():
     d = nl.TrainConfig()
     assert nl.TrainConfig(score_test=True).config_hash() == d.config_hash()

@@ -33,7 +33,7 @@ def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs, seed: int
               max_steps: int | None = None, store: str | Path = DEFAULT_STORE,
               checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, progress: bool = True,
               workers: int = 1, reported_seeds: Iterable[int] = (), launcher=None,
-              score_test: bool = True) -> pd.DataFrame:
+              score_test: bool = True, eval_on: str | None = None) -> pd.DataFrame:
     """Each arm's learning rate, chosen on validation: every arm trained once per rate of
     ``lrs`` (one grid for every arm, or a mapping arm -> its own grid) and per selection seed
     (``seed``: one seed or several, none of them one of the ``reported_seeds``: a rate picked on
@@ -41,6 +41,11 @@ def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs, seed: int
     schedule is the same shape, ending at ``max_steps``); every run ends with its validation
     loss, and no test loss is looked at (``score_test=False``: none is computed either, which on
     a large corpus halves the cost of a short run's final scoring; it changes the runs' hashes).
+    ``eval_on`` replaces the base config's (``TrainConfig.eval_on``) in the selection runs:
+    ``"batches"`` judges a rate by the validation curve's fixed batches instead of the whole
+    split that a ``"whole_split_at_end"`` base scores at the end (the docs' Experiments guide
+    measures the subset's error); that error is part of each seed's difference, so
+    ``margin_sd`` below includes it.
 
     Returns one row per (arm, lr): arm, lr, seed (the first selection seed), seeds (all of
     them, space-separated), n_seeds, steps, val_loss (the mean over the selection seeds; NaN
@@ -53,7 +58,7 @@ def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs, seed: int
     arms). Pass the table to ``sweeps.sweep(lr_selection=...)``. ``launcher`` as in ``sweep``.
     """
     seeds = _selection_seeds(seed, reported_seeds)
-    configs = lr_search_configs(base, arms, lrs, seeds, max_steps, score_test)
+    configs = lr_search_configs(base, arms, lrs, seeds, max_steps, score_test, eval_on)
     records = _run_all([tc for *_, tc in configs], store, checkpoints, isolate, False, workers, progress,
                        labels=[f"{name} lr {lr:g} seed {s}" for name, lr, s, _ in configs], launcher=launcher)
     return selection_table([(name, lr, s, tc.max_steps, record) for (name, lr, s, tc), record in zip(configs, records)])
@@ -120,13 +125,16 @@ def _selection_margin(long: pd.DataFrame, table: pd.DataFrame) -> tuple[float, f
 
 
 def lr_search_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs, seed: int | Iterable[int],
-                      max_steps: int | None = None, score_test: bool = True) -> list[tuple[str, float, int, TrainConfig]]:
+                      max_steps: int | None = None, score_test: bool = True,
+                      eval_on: str | None = None) -> list[tuple[str, float, int, TrainConfig]]:
     """(arm, lr, seed, config) of every run ``select_lr`` trains (``sweeps.train_all`` can train
     them together with another step's runs). ``lrs``: one grid, or a mapping arm -> grid."""
     seeds = [int(seed)] if isinstance(seed, (int, np.integer)) else [int(s) for s in seed]
     short = with_values(base, {"max_steps": max_steps}) if max_steps is not None else base
     if not score_test:
         short = with_values(short, {"score_test": False})
+    if eval_on is not None:
+        short = with_values(short, {"eval_on": eval_on})
     grids = arm_grids(arms, lrs)
     return [(name, lr, s, with_values(short, {**overrides, "lr": lr, "seed": s}))
             for name, overrides in arms.items() for lr in grids[name] for s in seeds]
