@@ -67,3 +67,22 @@ def test_a_cell_can_declare_its_own_tolerance_for_non_integers():
     out = nbconf.reconcile([{"output_type": "execute_result", "data": {"text/html": test}}],
                            [{"output_type": "execute_result", "data": {"text/html": ref}}], tol)
     assert out[0]["data"]["text/html"] == ref
+
+
+def test_a_cell_can_declare_a_relative_tolerance_for_smoke_trained_models():
+    source = "# nbval-rel-tol: 0.1 (properties of smoke-trained models)\nsummary"
+    tol = nbconf.cell_rel_tol(source)
+    assert tol == 0.1
+    assert nbconf.cell_rel_tol("# nbval-abs-tol: 0.1") == 0.0
+    # 04's node seed 1 on an AVX-512 Xeon against an AVX2 EPYC
+    pairs = [("node seed 1  7.679  2.411  0.1933  5.532", "node seed 1  7.679  2.428  0.2056  5.715"),
+             ("i.e. 208x less; 27 of 32 positive", "i.e. 210x less; 27 of 32 positive"),
+             ("<td>4761</td><td>-47.9476</td>", "<td>4762</td><td>-47.9121</td>"),
+             ("CI [-0.998, +0.567] (-77% of its mean)", "CI [-0.995, +0.568] (-76% of its mean)")]
+    for ref, test in pairs:
+        assert not nbconf.agree_up_to_rounding(ref, test)
+        assert nbconf.agree_up_to_rounding(ref, test, rel_tol=tol)
+    assert not nbconf.agree_up_to_rounding("0.1933", "0.2300", rel_tol=tol)                  # beyond it
+    assert not nbconf.agree_up_to_rounding("27 of 32 positive", "28 of 32 positive", rel_tol=tol)  # counts stay exact
+    assert not nbconf.agree_up_to_rounding("node seed 1", "node seed 2", rel_tol=tol)
+    assert not nbconf.agree_up_to_rounding("rises at 5 of 12", "falls at 5 of 12", rel_tol=tol)  # words too
