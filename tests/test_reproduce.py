@@ -212,3 +212,18 @@ def test_a_finished_or_other_commits_record_is_not_resumed(tmp_path):
     git("commit", "-qam", "other code")
     other = reproduce(["01_a"], "cpu", tmp_path, run_notebook=run, cpu_probe=lambda: "probe", log=lambda _: None)
     assert calls == ["01_a"] * 3 and len(other.sessions) == 1 and other.commit != saved["commit"]
+
+
+def test_a_record_timed_on_another_cpu_is_named_before_it_is_replaced(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "reproduce_cpu.json").write_text(json.dumps(
+        {"profile": "cpu", "started": "2026-01-01 00:00", "commit": "abc1234", "status": "done",
+         "machine": {"cpu_name": "Some Other CPU", "cpu_capability": "NEON"}, "steps": []}))
+    lines = []
+    reproduce(["01_a"], "cpu", tmp_path, run_notebook=lambda nb: 0, cpu_probe=lambda: "probe", log=lines.append)
+    assert "Some Other CPU (NEON)" in lines[0] and "2026-01-01 00:00" in lines[0]
+    assert "not this machine's" in lines[0]
+    lines.clear()  # the record it wrote is this machine's: nothing to say
+    reproduce(["01_a"], "cpu", tmp_path, run_notebook=lambda nb: 0, cpu_probe=lambda: "probe", log=lines.append)
+    assert not any("not this machine's" in line for line in lines)

@@ -175,6 +175,21 @@ def _timed_live(step: Step, fn: Callable[[], str], counts: Callable[[], int], sa
         progress()
 
 
+def other_cpu(path: Path, here: dict) -> str | None:
+    """A line to print where the record at ``path`` (the committed one, which this reproduce replaces
+    or resumes) was timed on another kind of CPU than ``here``: its times then say little about
+    how long this machine takes (the docs' "Timing on shared machines"). None where it was not."""
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    before = data.get("machine") or {}
+    if not before or all(before.get(k) == here.get(k) for k in ("cpu_name", "cpu_capability")):
+        return None  # (a record without its machine says nothing either way)
+    return (f">> {path.name} ({data.get('started')}) was timed on {before.get('cpu_name')} "
+            f"({before.get('cpu_capability')}), this machine is {here.get('cpu_name')} ({here.get('cpu_capability')}): "
+            "its times are not this machine's")
+
+
 def resumable(path: Path, profile: str, commit: str | None) -> ReproduceRecord | None:
     """The unfinished record at ``path`` that a reproduce of ``profile`` at ``commit`` continues, or
     None: none there, finished, another profile, or another commit (its times measured other code;
@@ -207,6 +222,9 @@ def reproduce(notebooks: list[str], profile: str, root: str | Path = ".",
     stem = root / "results" / f"reproduce_{profile}"
     runs_dir = root / "results" / "runs" / profile
     commit, here = _git_commit(root), {"started": _utc(), **machine()}
+    warning = other_cpu(Path(f"{stem}.json"), here)
+    if warning:
+        log(warning)
     record = resumable(Path(f"{stem}.json"), profile, commit) if resume else None
     if record is None:
         record = ReproduceRecord(profile=profile, started=here["started"], commit=commit,
