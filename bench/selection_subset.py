@@ -33,17 +33,20 @@ import torch.nn.functional as F
 import nodelm_lib as nl
 from nodelm_lib.data import split_windows
 from nodelm_lib.experiments.lr_selection import LRSelectionWarning, selection_table
+from nodelm_lib.experiments.profiles import load_profile
 from nodelm_lib.runs.store import record_path
 from nodelm_lib.training.evaluation import eval_batches, split_tokens
 
 
 def selection_config(arch: str, lr: float, steps: int, seed: int) -> nl.TrainConfig:
-    """A selection run of 02's cpu_wikitext2 profile (params/02_seed_comparison/cpu_wikitext2.yaml)."""
-    model = nl.ModelConfig(arch=arch, d_model=128, n_heads=4, n_layers=4, max_seq_len=64, ssm_state_size=16)
-    return nl.TrainConfig(model=model, dataset="wikitext2", tokenizer="char", batch_size=12, seq_len=64,
-                          max_steps=steps, warmup_steps=100, min_lr_ratio=0.1, beta2=0.99, lr=lr, seed=seed,
-                          eval_interval=400, eval_on="whole_split_at_end", eval_batches=50, score_test=False,
-                          progress=False)
+    """A selection run of 02's cpu_wikitext2 profile, its shape read from
+    params/02_seed_comparison/cpu_wikitext2.yaml (the whole split scored at the end, test not)."""
+    p = load_profile("02_seed_comparison", "cpu_wikitext2")
+    model = nl.ModelConfig(arch=arch, **{k: p[k] for k in ("d_model", "n_heads", "n_layers", "max_seq_len",
+                                                           "ssm_state_size")})
+    shape = {k: p[k] for k in ("dataset", "tokenizer", "batch_size", "seq_len", "warmup_steps", "min_lr_ratio",
+                               "beta2", "eval_interval", "eval_on", "eval_batches")}
+    return nl.TrainConfig(model=model, **shape, max_steps=steps, lr=lr, seed=seed, score_test=False, progress=False)
 
 
 @torch.no_grad()
