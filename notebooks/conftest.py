@@ -39,9 +39,8 @@ REL_TOL = 1e-3
 # float32's machine epsilon is 1.2e-7: gradient errors of that size are rounding, whatever their digits.
 ABS_TOL = 1e-7
 
-# a cell's own absolute tolerance for its numbers (see the module doc)
-_CELL_ABS_TOL = re.compile(r"^\s*#\s*nbval-abs-tol:\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)", re.MULTILINE)
-_CELL_REL_TOL = re.compile(r"^\s*#\s*nbval-rel-tol:\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)", re.MULTILINE)
+# a cell's own tolerance for its numbers, absolute or relative (see the module doc)
+_CELL_TOL = re.compile(r"^\s*#\s*nbval-(abs|rel)-tol:\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)", re.MULTILINE)
 # under a cell's relative tolerance, integers this large, or followed by these units, are rounded
 # floats (4761, 208x, -76%), not counts
 _ROUNDED_INTEGER = 100
@@ -63,16 +62,18 @@ def _last_digit_unit(token: str) -> float:
     return 10.0 ** (int(exponent or 0) - decimals)
 
 
+def _cell_tol(kind: str, source: str) -> float:
+    return next((float(value) for k, value in _CELL_TOL.findall(source or "") if k == kind), 0.0)
+
+
 def cell_abs_tol(source: str) -> float:
     """The tolerance a cell's ``# nbval-abs-tol: X`` comment line declares for its numbers (0: none)."""
-    match = _CELL_ABS_TOL.search(source or "")
-    return float(match.group(1)) if match else 0.0
+    return _cell_tol("abs", source)
 
 
 def cell_rel_tol(source: str) -> float:
     """The tolerance a cell's ``# nbval-rel-tol: X`` comment line declares, relative (0: none)."""
-    match = _CELL_REL_TOL.search(source or "")
-    return float(match.group(1)) if match else 0.0
+    return _cell_tol("rel", source)
 
 
 def _numbers_agree(ref: str, test: str, abs_tol: float = 0.0, rel_tol: float = 0.0, unit: str = "") -> bool:
