@@ -15,9 +15,9 @@ from scipy import optimize
 import nodelm_lib as nl
 from nodelm_lib.experiments import protocol, scaling, sweep_time
 from nodelm_lib.reporting import stats, trends
-from nodelm_lib.runs import timing
 from nodelm_lib.runs.store import load_records, run_hash
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
+from nodelm_lib.training.profiling import cpu_description
 from nodelm_lib.training.record import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,55 +266,12 @@ def test_grids_are_02s_rates_to_the_bit():
 
 
 def fake_record(tc: nl.TrainConfig, seconds_per_step: float, steps: int = 10) -> RunRecord:
+    """A finished record of ``tc`` that trained ``steps`` steps at ``seconds_per_step``, scored
+    nothing and spent nothing outside training, on this machine."""
     tc = with_tokenizer_vocab(tc)
     return RunRecord(config=nl.config.to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
-                     metrics=[{}] * steps, wall_time_s=seconds_per_step * steps,
-                     train_time_s=0.9 * seconds_per_step * steps,
-                     environment={"cpu_capability": "AVX2"})
-
-
-def test_step_times_are_measured_for_a_stored_model_and_scaled_by_flops_for_another_width(tmp_path):
-    base = scaling.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
-                               dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=10,
-                               warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=5, eval_batches=1,
-                               eval_on="batches", device="cpu")
-    cells = scaling.width_cells(base.model, ["gpt", "ti_mlp"], [16, 32, 64])
-    configs = {name: nl.config.with_values(base, cell) for name, cell in cells.items()}
-    flops = {name: timing._flops(tc, {}) for name, tc in configs.items()}
-    # gpt at 16 and 32: a + b F with a fixed share of 0.25 at d=32; ti_mlp measured at 32 only
-    b = 0.75 * 0.1 / flops["gpt d=32"]
-    a = 0.1 - b * flops["gpt d=32"]
-    for name, s in {"gpt d=16": a + b * flops["gpt d=16"], "gpt d=32": 0.1, "ti_mlp d=32": 0.2}.items():
-        fake_record(configs[name], s).to_json(tmp_path / f"{name}.json")
-    got = timing.step_seconds([configs["gpt d=32"], configs["ti_mlp d=64"], configs["gpt d=64"]], load_records(tmp_path))
-    assert got["source"].iloc[0] == "measured" and got["s_per_step"].iloc[0] == pytest.approx(0.1)
-    scale = 0.25 + 0.75 * flops["ti_mlp d=64"] / flops["ti_mlp d=32"]
-    assert got["s_per_step"].iloc[1] == pytest.approx(0.2 * scale, rel=1e-6)
-    assert "scaled by FLOPs" in got["source"].iloc[1] and "fixed share 0.25" in got["source"].iloc[1]
-    assert got["s_per_step"].iloc[2] == pytest.approx(a + b * flops["gpt d=64"], rel=1e-6)
-
-
-def test_an_arm_with_no_record_of_its_own_or_of_gpt_is_priced_from_another_arm_of_the_same_shape(tmp_path):
-    """A GPU sweep in chunks meets arms before gpt's records come home: the first chunk of 02's gpu
-    profile priced every arm after hybrid at the assumed 150 s although hybrid's records were there."""
-    base = scaling.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
-                               dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=10,
-                               warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=5, eval_batches=1,
-                               eval_on="batches", device="cpu")
-    cells = scaling.width_cells(base.model, ["gpt", "ti_mlp", "ssm"], [16, 64])
-    configs = {name: nl.config.with_values(base, cell) for name, cell in cells.items()}
-    fake_record(configs["ti_mlp d=16"], 0.2).to_json(tmp_path / "ti_mlp.json")
-    fake_record(configs["gpt d=64"], 0.3).to_json(tmp_path / "gpt_wide.json")  # width-free key: gpt d=64 is gpt
-    other_shape = nl.config.with_values(configs["ssm d=16"], {"batch_size": 3})
-    records = [r for r in load_records(tmp_path) if r.config["model"]["arch"] == "ti_mlp"]
-    got = timing.step_seconds([configs["ssm d=16"], other_shape], records)
-    flops = timing._flops(configs["ssm d=16"], {}) / timing._flops(configs["ti_mlp d=16"], {})
-    assert got["s_per_step"].iloc[0] == pytest.approx(0.2 * flops, rel=1e-6)  # one width: no fixed share
-    assert "no record of this arm or of gpt: ti_mlp's" in got["source"].iloc[0]
-    assert math.isnan(got["s_per_step"].iloc[1]) and got["source"].iloc[1] == "no record of this arm or of gpt"
-    # with gpt's record in the store, gpt prices the arm as before
-    with_gpt = timing.step_seconds([configs["ssm d=16"]], load_records(tmp_path))
-    assert "gpt's" in with_gpt["source"].iloc[0]
+                     metrics=[{}] * steps, wall_time_s=seconds_per_step * steps, train_time_s=seconds_per_step * steps,
+                     environment=cpu_description())
 
 
 def test_time_estimate_packs_each_phase_on_its_lanes_and_resolves_auto_workers(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
 """How long a sweep's runs take, from the per-step times of a store's records (notebook 07's
 estimate; any notebook with phases of ``(name, TrainConfig)`` runs can use it).
 
-Each run costs its steps times its seconds per step (``runs.timing.step_seconds``) plus
-``STARTUP_S``, and the runs of a phase are packed onto ``workers`` lanes longest first
+Each run costs its steps times its seconds per step plus its scoring (``runs.timing.run_times``)
+plus ``STARTUP_S``, and the runs of a phase are packed onto ``workers`` lanes longest first
 (``makespan``).
 """
 
@@ -16,7 +16,7 @@ import pandas as pd
 
 from nodelm_lib.config import TrainConfig
 from nodelm_lib.runs.store import finished_record, load_records
-from nodelm_lib.runs.timing import STARTUP_S, step_seconds
+from nodelm_lib.runs.timing import STARTUP_S, run_times
 
 from .sweeps import resolve_workers
 
@@ -54,16 +54,16 @@ def time_estimate(phases: Mapping[str, list[tuple[str, TrainConfig]]], timing_st
     """The time the runs of each phase (``{phase: [(cell, config), ...]}``, in order: a phase
     starts when the one before ends) take on ``workers`` lanes (a count, or "auto" as a sweep sizes
     it: ``sweeps.resolve_workers``). Returns per (phase, cell) its runs, steps, seconds per step and
-    their source (``step_seconds``) and seconds; and per phase the lanes, the total from an empty
-    store and, with ``store``, for the runs it lacks. A run costs its steps x seconds per step +
-    ``startup_s``."""
+    their source (``run_times``) and seconds; and per phase the lanes, the total from an empty
+    store and, with ``store``, for the runs it lacks. A run costs its steps x seconds per step + its
+    scoring + ``startup_s``."""
     workers = resolve_workers(workers, [tc for labelled in phases.values() for _, tc in labelled], timing_store)
     rows = []
     for phase, labelled in phases.items():
-        per_step = step_seconds([tc for _, tc in labelled], load_records(timing_store))
-        for (cell, tc), (_, s) in zip(labelled, per_step.iterrows()):
+        times = run_times([tc for _, tc in labelled], load_records(timing_store))
+        for (cell, tc), (_, s) in zip(labelled, times.iterrows()):
             rows.append({"phase": phase, "cell": cell, "steps": tc.max_steps, "s_per_step": s["s_per_step"],
-                         "source": s["source"], "seconds": tc.max_steps * s["s_per_step"] + startup_s,
+                         "source": s["source"], "seconds": s["seconds"] + startup_s,
                          "stored": store is not None and finished_record(tc, store) is not None})
     runs = pd.DataFrame(rows)
     table = (runs.groupby(["phase", "cell", "steps", "source"], sort=False)

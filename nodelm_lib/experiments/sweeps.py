@@ -25,7 +25,7 @@ from nodelm_lib.runs.budget import BudgetReached
 from nodelm_lib.runs.records import record_row
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records,
                                    run, run_hash, stored_record)
-from nodelm_lib.runs.timing import step_seconds
+from nodelm_lib.runs.timing import run_times
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 from nodelm_lib.training.flops import forward_flops, training_flops
 from nodelm_lib.training.record import RunRecord
@@ -237,20 +237,20 @@ def _memory_key(config: dict) -> str:
 
 
 def expected_seconds(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE) -> list[float]:
-    """A guess at each config's training time, good enough to order runs by: its steps times its
-    seconds per step as ``runs.timing.step_seconds`` reads them from the store's records (the same
-    model measured, else scaled by FLOPs from another width or from ``gpt``). A config with neither
-    is priced by its FLOPs at the median seconds per FLOP of the others (FLOPs alone, in arbitrary
-    units, where none has a record)."""
+    """A guess at each config's run time, good enough to order runs by: its steps times its seconds
+    per step plus its scoring, as ``runs.timing.run_times`` reads them from the store's records (the
+    same model measured, else scaled by FLOPs from another width or from ``gpt``). A config with
+    neither is priced by its training FLOPs at the median seconds per FLOP of the others (FLOPs
+    alone, in arbitrary units, where none has a record)."""
     if not configs:
         return []
-    per_step = step_seconds(configs, load_records(store, cached=True))["s_per_step"].to_numpy(float)
-    known = np.isfinite(per_step)
+    seconds = run_times(configs, load_records(store, cached=True))["seconds"].to_numpy(float)
+    known = np.isfinite(seconds)
     if not known.all():
-        flops = np.array([forward_flops(tc) * tc.batch_size * tc.seq_len for tc in configs])
-        rate = float(np.median(per_step[known] / flops[known])) if known.any() else 1.0
-        per_step = np.where(known, per_step, rate * flops)
-    return [tc.max_steps * float(s) for tc, s in zip(configs, per_step)]
+        flops = np.array([forward_flops(tc) * tc.batch_size * tc.seq_len * tc.max_steps for tc in configs])
+        rate = float(np.median(seconds[known] / flops[known])) if known.any() else 1.0
+        seconds = np.where(known, seconds, rate * flops)
+    return [float(s) for s in seconds]
 
 
 def curves(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int],

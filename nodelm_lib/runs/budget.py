@@ -6,9 +6,9 @@ run the notebook asks for (``store.run``, hence ``nl.sweep`` and the notebooks) 
 it fits. The deadline travels in the environment (``DEADLINE_ENV``, seconds since the epoch), so
 it reaches the notebook's kernel and the isolated workers a sweep starts.
 
-A run is estimated as its steps times its seconds per step, from the records already in its
-store (``timing.step_seconds``: the same shape measured, else scaled by FLOPs from another width
-or from ``gpt``), plus ``timing.STARTUP_S``. A run with nothing to estimate it by (the first of a
+A run is estimated from the records already in its store (``timing.run_times``: its steps times
+the seconds per training step, plus the time it spends scoring for the tokens it scores; the same
+shape measured, else scaled by FLOPs from another width or from ``gpt``), plus ``timing.STARTUP_S``. A run with nothing to estimate it by (the first of a
 store) is assumed to take ``UNKNOWN_ENV`` seconds (``DEFAULT_UNKNOWN_RUN_S`` by default). A run
 that does not fit raises ``BudgetReached``: nothing of it has started, so the sweep stops with
 every finished run stored and none half done.
@@ -22,7 +22,7 @@ import time
 from typing import Callable, Iterable
 
 from nodelm_lib.config import TrainConfig
-from nodelm_lib.runs.timing import STARTUP_S, step_seconds
+from nodelm_lib.runs.timing import STARTUP_S, run_times
 from nodelm_lib.training.record import RunRecord
 
 DEADLINE_ENV = "NODELM_DEADLINE"
@@ -64,10 +64,10 @@ def _env_seconds(name: str, default: float | None, minimum: float, meaning: str)
 
 def estimate_run_s(tc: TrainConfig, records: Iterable[RunRecord]) -> tuple[float, str]:
     """Seconds ``tc`` would take to train, and how that was estimated."""
-    per_step = step_seconds([tc], records).iloc[0]
-    if not math.isfinite(per_step["s_per_step"]):
-        return unknown_run_s(), f"assumed ({UNKNOWN_ENV}): {per_step['source']}"
-    return tc.max_steps * per_step["s_per_step"] + STARTUP_S, str(per_step["source"])
+    run = run_times([tc], records).iloc[0]
+    if not math.isfinite(run["seconds"]):
+        return unknown_run_s(), f"assumed ({UNKNOWN_ENV}): {run['source']}"
+    return run["seconds"] + STARTUP_S, str(run["source"])
 
 
 def check_budget(tc: TrainConfig, records: Callable[[], Iterable[RunRecord]]) -> None:

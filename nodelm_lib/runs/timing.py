@@ -1,14 +1,27 @@
-"""Seconds per training step of a config, from the per-step times of finished records: what a
-sweep's time estimate (``experiments.sweep_time``) and a time budget (``runs.budget``) go by.
+"""How long a run of a config takes, from the times of finished records: what a sweep's time
+estimate (``experiments.sweep_time``), a time budget (``runs.budget``) and the order of a sweep's
+runs (``experiments.sweeps.expected_seconds``) go by.
 
-A config's seconds per step come from the records of the same run shape ("measured"), else from the
-nearest width of the same model, or of ``gpt``, or of any model run at the same batch, sequence length,
-device and dtype, scaled by forward FLOPs with the share of a step that does not grow with them
-(``fixed_share``); a run costs its steps times that plus ``STARTUP_S``.
+A run's time has two parts that grow with different things. Training grows with its steps;
+scoring (its validation curve and its final losses) grows with the tokens it scores
+(``training.evaluation.scored_tokens``): a 500-step selection run that scores a whole validation
+split spends most of its time scoring, so it cannot be priced at a 2000-step run's seconds per step.
+Each finished record gives its seconds per training step (``train_time_s`` / steps) and the rest of
+its wall time with the tokens it scored. A config takes both from the records of the same run shape
+("measured"), else from the nearest width of the same model, or of ``gpt``, or of any model run at
+the same batch, sequence length, device and dtype, scaled by forward FLOPs with the share of a step
+that does not grow with them (``fixed_share``). A run costs steps x seconds per step + its scoring,
+plus ``STARTUP_S``.
+
+Records are keyed by their config as this version reads it (``RunRecord.train_config``), so that a
+record written before a config field existed matches the configs that now carry its default. Where a
+store holds records of one run shape from several machines (CPUs differ 2-3x at the same steps), the
+records of this machine are used if there are any (``this_machine``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable
 
@@ -16,12 +29,14 @@ import numpy as np
 import pandas as pd
 
 from nodelm_lib.config import TrainConfig, to_dict
-from nodelm_lib.training.evaluation import with_tokenizer_vocab
+from nodelm_lib.training.evaluation import scored_tokens, with_tokenizer_vocab
 from nodelm_lib.training.record import RunRecord
 
 # process start-up of an isolated run, which its record does not time (the interpreter, torch and the
 # tokenised data): a rounded-up allowance, measured on the docs' Benchmarks page
 STARTUP_S = 3.0
+
+COLUMNS = ["s_per_step", "scoring_s", "seconds", "source"]
 
 
 def _run_key(config: dict, width: bool = True) -> str:
@@ -37,38 +52,83 @@ def _shape_key(config: dict) -> str:
     return repr(_shape(config))
 
 
+def _normalized(tc: TrainConfig) -> dict:
+    return to_dict(with_tokenizer_vocab(tc))
+
+
 def _flops(tc: TrainConfig, cache: dict) -> float:
     """Forward FLOPs per token of ``tc`` (counted once per model and shape)."""
     from nodelm_lib.training.flops import forward_flops
 
-    key = _run_key(to_dict(with_tokenizer_vocab(tc)))
+    key = _run_key(_normalized(tc))
     if key not in cache:
         cache[key] = forward_flops(tc)
     return cache[key]
 
 
-def _timings(records: Iterable[RunRecord], cache: dict) -> pd.DataFrame:
+def machine_of(environment: dict) -> str:
+    """The kind of machine a record's environment names: its GPU, else its CPU and torch's capability."""
+    if environment.get("device_name"):
+        return str(environment["device_name"])
+    return f"{environment.get('cpu_name', 'unknown CPU')} ({environment.get('cpu_capability', '?')})"
+
+
+@functools.lru_cache(maxsize=8)
+def this_machine(device: str) -> str:
+    """The kind of machine a run on ``device`` (a config's ``device``) would run on here."""
+    import torch
+
+    from nodelm_lib.training.profiling import cpu_description
+
+    if device in ("auto", "cuda") or device.startswith("cuda:"):
+        if torch.cuda.is_available():
+            return machine_of({"device_name": torch.cuda.get_device_name(0 if device == "auto" else device)})
+    return machine_of(cpu_description())
+
+
+def recorded_scored_tokens(record: RunRecord) -> int:
+    """Tokens ``record``'s run scored besides training: its curve's evaluations and its final
+    scores, counted from the record (``scored_tokens`` of its config where the record lacks a count)."""
+    c, final = record.config, record.final
+    if c["eval_on"] == "whole_split":
+        curve = final.get("val_tokens")
+    else:
+        curve = c["eval_batches"] * c["batch_size"] * c["seq_len"]
+    extra = final.get("val_tokens") if c["eval_on"] == "whole_split_at_end" else 0
+    test = final.get("test_tokens", 0 if "test_loss" not in final else None)
+    if curve is None or extra is None or test is None:
+        return scored_tokens(record.train_config)
+    return len(record.evals) * curve + extra + test
+
+
+def record_timings(records: Iterable[RunRecord], cache: dict | None = None) -> pd.DataFrame:
     """One row per completed record: exact and width-free keys, arch, width, CPU, seconds per
-    step with its evaluations (wall time / steps) and forward FLOPs per token."""
+    training step, the seconds of its wall time spent outside training steps (scoring, setting up)
+    with the tokens it scored, and forward FLOPs per token (``cache``: FLOPs counted so far)."""
+    cache = {} if cache is None else cache
     rows = []
     for r in records:
-        steps, c = len(r.metrics), r.config
+        steps = len(r.metrics)
         if r.status != "completed" or not steps or r.wall_time_s < r.train_time_s or r.train_time_s <= 0:
             continue  # a resumed run's wall time covers its last part only
+        tc = r.train_config
+        c = _normalized(tc)
         rows.append({"key": _run_key(c), "family": _run_key(c, width=False), "shape": _shape_key(c),
                      "arch": c["model"]["arch"],
                      "reference": c["model"]["arch"] == "gpt" and not c["model"]["parallel"],
                      "width": c["model"]["d_model"], "cpu": r.environment.get("cpu_capability", "?"),
-                     "s_per_step": r.wall_time_s / steps, "flops": _flops(r.train_config, cache)})
-    return pd.DataFrame(rows, columns=["key", "family", "shape", "arch", "reference", "width", "cpu", "s_per_step",
-                                       "flops"])
+                     "machine": machine_of(r.environment),
+                     "s_per_step": r.train_time_s / steps, "other_s": r.wall_time_s - r.train_time_s,
+                     "scored": recorded_scored_tokens(r), "flops": _flops(tc, cache)})
+    return pd.DataFrame(rows, columns=["key", "family", "shape", "arch", "reference", "width", "cpu", "machine",
+                                       "s_per_step", "other_s", "scored", "flops"])
 
 
 def fixed_share(timings: pd.DataFrame) -> float:
-    """The share of a step that does not grow with its FLOPs (optimizer and per-operator overheads),
-    at the larger width, from the arms measured at two or more widths on one CPU type: per
-    (arm, CPU), s/step = a + b FLOPs fitted through the medians; the median share a / s over them
-    (0 where no arm was measured at two widths: time then scales with FLOPs alone)."""
+    """The share of a training step that does not grow with its FLOPs (optimizer and per-operator
+    overheads), at the larger width, from the arms measured at two or more widths on one CPU type:
+    per (arm, CPU), s/step = a + b FLOPs fitted through the medians; the median share a / s over
+    them (0 where no arm was measured at two widths: time then scales with FLOPs alone)."""
     shares = []
     for _, g in timings.groupby(["family", "cpu"]):
         med = g.groupby("flops")["s_per_step"].median()
@@ -83,23 +143,50 @@ def _nearest(timings: pd.DataFrame, flops: float):
     return (np.log(timings["flops"]) - math.log(flops)).abs().idxmin()
 
 
-def step_seconds(configs: list[TrainConfig], records: Iterable[RunRecord]) -> pd.DataFrame:
-    """Seconds per training step (evaluations included) of each config, from ``records`` (a
-    store's, ``load_records``): the median of the records of the same model, batch, sequence length, device
-    and dtype ("measured"); else of the same model at the nearest width in FLOPs, or, for an arm
-    with no record at all, of ``gpt`` (sequential blocks) at the nearest width, and without gpt, of
-    the model nearest in FLOPs among those run at the same batch, sequence length, device and dtype
-    (a GPU sweep in chunks meets arms before gpt's records come home), scaled as
-    ``s (share + (1 - share) F / F_measured)`` with ``fixed_share`` ("scaled"); NaN without any."""
+def _priced(tc: TrainConfig, rows: pd.DataFrame, scale: float, source: str, machine: str | None) -> dict:
+    """``tc``'s time from the records ``rows`` of one run shape (those of ``machine``, by default
+    ``this_machine``, where there are any): the median seconds per training step, and the median of each record's time
+    outside training scaled to the tokens ``tc`` scores (as is, for a record that scored nothing),
+    both times ``scale``."""
+    here = rows[rows["machine"] == (machine or this_machine(tc.device))]
+    if not here.empty:
+        rows = here
+    elif source == "measured":
+        source = f"measured on another machine: {', '.join(sorted(set(rows['machine'])))}"
+    s_per_step = float(rows["s_per_step"].median()) * scale
+    tokens = scored_tokens(tc)
+    per_record = np.where(rows["scored"] > 0, rows["other_s"] * tokens / rows["scored"].clip(lower=1), rows["other_s"])
+    scoring_s = float(np.median(per_record)) * scale
+    return {"s_per_step": s_per_step, "scoring_s": scoring_s, "seconds": tc.max_steps * s_per_step + scoring_s,
+            "source": source}
+
+
+def run_times(configs: list[TrainConfig], records: Iterable[RunRecord]) -> pd.DataFrame:
+    """Per config, from ``records`` (a store's, ``load_records``): its seconds per training step,
+    its seconds of scoring (and setting up) and the run's seconds (``max_steps`` x seconds per step
+    + scoring; ``STARTUP_S`` is not included), with their source: the records of the same model,
+    batch, sequence length, device and dtype ("measured"); else of the same model at the nearest
+    width in FLOPs, or, for an arm with no record at all, of ``gpt`` (sequential blocks) at the
+    nearest width, and without gpt, of the model nearest in FLOPs among those run at the same batch,
+    sequence length, device and dtype (a GPU sweep in chunks meets arms before gpt's records come
+    home), scaled as ``share + (1 - share) F / F_measured`` with ``fixed_share`` ("scaled"); NaN
+    without any."""
     cache: dict = {}
-    timings = _timings(records, cache)
+    return times_from(configs, record_timings(records, cache), cache)
+
+
+def times_from(configs: list[TrainConfig], timings: pd.DataFrame, cache: dict | None = None,
+               machine: str | None = None) -> pd.DataFrame:
+    """``run_times`` from the rows ``record_timings`` made of the records (``cache``: FLOPs counted so
+    far), as on ``machine`` (``machine_of`` a record's environment; by default ``this_machine``)."""
+    cache = {} if cache is None else cache
     share = fixed_share(timings)
-    exact = timings.groupby("key")["s_per_step"].median()
     rows = []
     for tc in configs:
-        c = to_dict(with_tokenizer_vocab(tc))
-        if _run_key(c) in exact.index:
-            rows.append({"s_per_step": float(exact[_run_key(c)]), "source": "measured"})
+        c = _normalized(tc)
+        exact = timings[timings["key"] == _run_key(c)]
+        if not exact.empty:
+            rows.append(_priced(tc, exact, 1.0, "measured", machine))
             continue
         same, whose = timings[timings["family"] == _run_key(c, width=False)], "its own"
         if same.empty:
@@ -108,12 +195,13 @@ def step_seconds(configs: list[TrainConfig], records: Iterable[RunRecord]) -> pd
         if same.empty:
             same, whose = timings[timings["shape"] == _shape_key(c)], None
             if same.empty:
-                rows.append({"s_per_step": math.nan, "source": "no record of this arm or of gpt"})
+                rows.append({"s_per_step": math.nan, "scoring_s": math.nan, "seconds": math.nan,
+                             "source": "no record of this arm or of gpt"})
                 continue
         near = same.loc[_nearest(same, flops)]
         if whose is None:
             whose = f"no record of this arm or of gpt: {near['arch']}'s"
         scale = share + (1 - share) * flops / float(near["flops"])
-        rows.append({"s_per_step": float(same.loc[same["key"] == near["key"], "s_per_step"].median()) * scale,
-                     "source": f"{whose} at d={int(near['width'])} scaled by FLOPs (fixed share {share:.2f})"})
-    return pd.DataFrame(rows)
+        rows.append(_priced(tc, same[same["key"] == near["key"]], scale,
+                            f"{whose} at d={int(near['width'])} scaled by FLOPs (fixed share {share:.2f})", machine))
+    return pd.DataFrame(rows, columns=COLUMNS)

@@ -1,10 +1,12 @@
 """Scoring a model: mean loss over fixed batches, the whole-split loss in windows, the evaluation
-batches of a config, and the bytes one training step keeps for backward."""
+batches of a config and the tokens a run of it scores, and the bytes one training step keeps for
+backward."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -102,6 +104,32 @@ def final_eval_batches(tc: TrainConfig, split: str, during_training=None) -> lis
     if tc.eval_on == "whole_split_at_end":
         return split_windows(split_tokens(tc, split), tc.batch_size, tc.seq_len)
     return during_training if during_training is not None else eval_batches(tc, split)
+
+
+def scored_tokens(tc: TrainConfig) -> int:
+    """Tokens a run of ``tc`` scores besides training: every evaluation of its validation curve
+    (at step 0, each ``eval_interval`` steps and at the end, as ``training.loop`` evaluates) and
+    its final validation and test scores where they are not the curve's last point. A run's
+    scoring time grows with this, not with its steps (``runs.timing``)."""
+    per_batches = tc.eval_batches * tc.batch_size * tc.seq_len
+    curve = _window_tokens(tc, "validation") if tc.eval_on == "whole_split" else per_batches
+    evaluations = 1 + tc.max_steps // tc.eval_interval + (tc.max_steps % tc.eval_interval != 0)
+    final = _window_tokens(tc, "validation") if tc.eval_on == "whole_split_at_end" else 0
+    test = 0
+    if tc.score_test:
+        test = per_batches if tc.eval_on == "batches" else _window_tokens(tc, "test")
+    return evaluations * curve + final + test
+
+
+def _window_tokens(tc: TrainConfig, split: str) -> int:
+    """Tokens scored over ``split`` in consecutive windows of ``tc.seq_len`` (``split_windows``)."""
+    return _split_window_tokens(tc.dataset, split, tc.tokenizer, tc.data_dir, tc.seq_len)
+
+
+@functools.lru_cache(maxsize=64)
+def _split_window_tokens(dataset: str, split: str, tokenizer: str, data_dir, seq_len: int) -> int:
+    n = len(load_tokens(dataset, split, tokenizer, data_dir=data_dir))
+    return (n - 1) // seq_len * seq_len
 
 
 def activation_bytes(model: CausalLM, x: torch.Tensor, y: torch.Tensor, autocast) -> int:
