@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import op_times  # noqa: E402
 import record  # noqa: E402
 import scan  # noqa: E402
+import time_estimate  # noqa: E402
 from head_loss import padded_cross_entropy  # noqa: E402
 from nodelm_lib.models.scans import linear_recurrence_reference  # noqa: E402
 
@@ -281,3 +282,37 @@ def test_many_runs_compares_k_runs_at_once_with_one_alone_by_wall_and_loop_throu
     monkeypatch.setattr(many_runs, "perf_counter", lambda: 0.0)
     with pytest.raises(RuntimeError, match="did not complete"):
         many_runs.phase(base, [0], 1)
+
+
+def test_the_time_estimate_bench_prices_each_record_from_the_others_and_replays_a_store(capsys, monkeypatch, tmp_path):
+    """Three selection-seed runs and two reported ones of one shape on one machine, each 200 s of
+    training and 60 s besides: each is estimated at its own time (plus the start-up allowance), and
+    the replay packs the three selection runs on two lanes (two runs' time), then the reported two
+    (one run's time)."""
+    import nodelm_lib as nl
+    from nodelm_lib.config import to_dict
+    from nodelm_lib.runs import timing
+    from nodelm_lib.training.evaluation import with_tokenizer_vocab
+    from nodelm_lib.training.profiling import cpu_description
+    from nodelm_lib.training.record import RunRecord
+
+    model = nl.ModelConfig(arch="gpt", d_model=16, n_heads=2, n_layers=1, max_seq_len=16)
+    for seed in (0, 1, 100, 101, 102):
+        tc = with_tokenizer_vocab(nl.TrainConfig(model=model, dataset="tinyshakespeare", tokenizer="char", batch_size=2,
+                                                 seq_len=16, max_steps=20, eval_interval=20, eval_batches=1,
+                                                 eval_on="batches", seed=seed, device="cpu"))
+        RunRecord(config=to_dict(tc), config_hash=tc.config_hash(), seed=seed, status="completed", metrics=[{}] * 20,
+                  train_time_s=200.0, wall_time_s=260.0, environment=cpu_description()).to_json(tmp_path / f"{seed}.json")
+    monkeypatch.setattr(sys, "argv", ["time_estimate.py", str(tmp_path)])
+    time_estimate.main()
+    out = capsys.readouterr().out
+    assert "5 completed records, 5 estimated from all the others" in out
+    ratio = (260.0 + timing.STARTUP_S) / 260.0
+    assert f"{ratio:.2f}" in out and "{'measured': 5}" in out
+    monkeypatch.setattr(sys, "argv", ["time_estimate.py", str(tmp_path), "--replay", "--set", "score_test=false"])
+    time_estimate.main()
+    out = capsys.readouterr().out
+    run = 260.0 + timing.STARTUP_S  # the records scored nothing: score_test changes no estimate here
+    minutes = {"selection": 2 * run / 60, "reported": run / 60}
+    assert f"selection {minutes['selection']:.0f} min, reported {minutes['reported']:.0f} min" in out
+    assert "selection runs with {'score_test': False}" in out and "(from this machine's records)" in out
