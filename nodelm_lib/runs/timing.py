@@ -89,15 +89,15 @@ def this_machine(device: str) -> str:
 def recorded_scored_tokens(record: RunRecord) -> int:
     """Tokens ``record``'s run scored besides training: its curve's evaluations and its final
     scores, counted from the record (``scored_tokens`` of its config where the record lacks a count)."""
-    c, final = record.config, record.final
-    if c["eval_on"] == "whole_split":
+    tc, final = record.train_config, record.final  # the config as this version reads it (defaults filled in)
+    if tc.eval_on == "whole_split":
         curve = final.get("val_tokens")
     else:
-        curve = c["eval_batches"] * c["batch_size"] * c["seq_len"]
-    extra = final.get("val_tokens") if c["eval_on"] == "whole_split_at_end" else 0
+        curve = tc.eval_batches * tc.batch_size * tc.seq_len
+    extra = final.get("val_tokens") if tc.eval_on == "whole_split_at_end" else 0
     test = final.get("test_tokens", 0 if "test_loss" not in final else None)
     if curve is None or extra is None or test is None:
-        return scored_tokens(record.train_config)
+        return scored_tokens(tc)
     return len(record.evals) * curve + extra + test
 
 
