@@ -53,6 +53,25 @@ def test_a_run_that_cannot_finish_is_not_started_and_says_why(deadline_in):
     budget.check_budget(tiny(0, 4), lambda: [])
 
 
+def test_a_run_timed_by_the_store_starts_only_if_its_estimate_with_the_margin_fits(deadline_in):
+    """An estimate is a median of the records: a run starts only if ``ESTIMATE_MARGIN`` x its
+    estimate fits in what is left of the budget."""
+    from nodelm_lib.config import to_dict
+    from nodelm_lib.training.evaluation import with_tokenizer_vocab
+    from nodelm_lib.training.profiling import cpu_description
+
+    timed = with_tokenizer_vocab(tiny(7, 4))
+    record = RunRecord(config=to_dict(timed), config_hash=timed.config_hash(), seed=7, status="completed",
+                       metrics=[{}] * 4, train_time_s=40.0, wall_time_s=50.0 - budget.STARTUP_S,
+                       environment=cpu_description())
+    assert budget.estimate_run_s(tiny(0, 4), [record]) == (pytest.approx(50.0), "measured")
+    deadline_in(55)  # the estimate fits, 1.2 x the estimate does not
+    with pytest.raises(budget.BudgetReached, match=r"needs about 60 s \(1.2 x the 50 s estimated: measured\)"):
+        budget.check_budget(tiny(0, 4), lambda: [record])
+    deadline_in(65)
+    budget.check_budget(tiny(0, 4), lambda: [record])
+
+
 @pytest.mark.parametrize("name,value", [(budget.DEADLINE_ENV, "soon"), (budget.DEADLINE_ENV, "nan"),
                                         (budget.UNKNOWN_ENV, "-1"), (budget.UNKNOWN_ENV, "inf")])
 def test_a_bad_budget_setting_is_named(monkeypatch, name, value):
