@@ -1,4 +1,5 @@
 """Where runs live: the run store (``store``: a run is read back if stored, resumed if
 interrupted), the records as table rows (``records``), claims that keep concurrent workers from
-training one run twice (``claims``), isolated runs in a child process (``isolated``) and
-cluster launchers (``launch``)."""
+training one run twice (``claims``), isolated runs in a child process (``isolated``), cluster
+launchers (``launch``), a run's time from stored records (``timing``), a deadline that a run must
+fit to start (``budget``) and sweeps trained in chunks of a time budget (``chunks``)."""
