@@ -286,6 +286,9 @@ def test_time_estimate_packs_each_phase_on_its_lanes_and_resolves_auto_workers(t
     _, totals = sweep_time.time_estimate(phases, tmp_path, workers=2, startup_s=1.0)
     assert totals["empty_store_s"].tolist() == pytest.approx([12.0, 6.0]) and totals["workers"].tolist() == [2, 2]
     assert "total, 2 run(s) at a time: " in sweep_time.format_time_estimate(totals)
+    assert sweep_time.format_time_estimate(totals, with_store=False).splitlines() == [
+        "a: 3 runs, 12 s from an empty store", "b: 1 runs, 6 s from an empty store",
+        "total, 2 run(s) at a time: 18 s from an empty store"]
     monkeypatch.setattr("os.cpu_count", lambda: 3)  # "auto" on a CPU: one run per core
     _, totals = sweep_time.time_estimate(phases, tmp_path, workers="auto", startup_s=1.0)
     assert totals["empty_store_s"].tolist() == pytest.approx([6.0, 6.0]) and totals["workers"].tolist() == [3, 3]

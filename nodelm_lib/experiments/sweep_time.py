@@ -21,20 +21,28 @@ from nodelm_lib.runs.timing import STARTUP_S, run_times
 from .sweeps import resolve_workers
 
 
-def format_time_estimate(totals: pd.DataFrame) -> str:
+def format_time_estimate(totals: pd.DataFrame, with_store: bool = True) -> str:
     """``time_estimate``'s totals as lines to print, with the lanes it packed the runs on (its
-    ``workers`` column: "auto" was resolved there)."""
+    ``workers`` column: "auto" was resolved there). ``with_store=False`` prints the times from an
+    empty store alone (for runs whose configs are not yet final, e.g. before their rates are chosen,
+    so that what the store holds of them says nothing)."""
     from .estimate import format_seconds
 
     def when(seconds: float) -> str:
         return "unknown (no record to time it by)" if not math.isfinite(seconds) else format_seconds(seconds)
 
-    lines = [f"{row['phase']}: {row['runs']} runs, {when(row['empty_store_s'])} from an empty store; "
-             f"{row['runs_to_train']} not in the store, {when(row['this_store_s'])}" for _, row in totals.iterrows()]
+    lines = []
+    for _, row in totals.iterrows():
+        line = f"{row['phase']}: {row['runs']} runs, {when(row['empty_store_s'])} from an empty store"
+        if with_store:
+            line += f"; {row['runs_to_train']} not in the store, {when(row['this_store_s'])}"
+        lines.append(line)
     workers = int(totals["workers"].iloc[0]) if len(totals) else 1
     # skipna=False: a phase that cannot be timed leaves the total unknown, not 0
-    lines.append(f"total, {workers} run(s) at a time: {when(totals['empty_store_s'].sum(skipna=False))} from an "
-                 f"empty store, {when(totals['this_store_s'].sum(skipna=False))} with this store's runs")
+    total = f"total, {workers} run(s) at a time: {when(totals['empty_store_s'].sum(skipna=False))} from an empty store"
+    if with_store:
+        total += f", {when(totals['this_store_s'].sum(skipna=False))} with this store's runs"
+    lines.append(total)
     return "\n".join(lines)
 
 
