@@ -20,7 +20,7 @@ This is the package's namespace; the code reads each name from the module that d
 patch a name there (``sources._open_hub``, ``sources.STREAM_CHARS``), not here.
 """
 
-from .batches import check_count, fixed_batches, sample_batch, split_windows
+from .batches import check_count, fixed_batches, sample_batch, split_windows, window_count
 from .sources import (CORPORA, HUB_SOURCES, SHA256, SPLITS, TINYSHAKESPEARE_HUB, WIKITEXT_HUB, WIKITEXT_VARIANTS,
                       TextSource, find_data_dir, load_text, text_source)
 from .token_cache import load_tokens, token_cache_path, write_token_cache
@@ -34,6 +34,6 @@ __all__ = [
     "TOKENIZERS", "Tokenizer", "CharTokenizer", "GPT2Tokenizer", "get_tokenizer", "configure_tiktoken_cache",
     "cut_text", "GPT2_SAFE_CUT",
     "load_tokens", "token_cache_path", "write_token_cache",
-    "sample_batch", "fixed_batches", "split_windows", "check_count",
+    "sample_batch", "fixed_batches", "split_windows", "window_count", "check_count",
     "count_words", "split_words", "word_perplexity",
 ]

@@ -62,6 +62,11 @@ def check_count(key: str, value, alternative: str = "") -> None:
         raise ValueError(f"{key}={value!r} is not valid; it must be an integer >= 1{alternative}")
 
 
+def window_count(n_tokens: int, seq_len: int) -> int:
+    """Consecutive windows of ``seq_len`` targets that ``split_windows`` cuts ``n_tokens`` into."""
+    return (n_tokens - 1) // seq_len
+
+
 def split_windows(tokens, batch_size: int, seq_len: int, max_windows: int | None = None
                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A whole split as batches of consecutive, non-overlapping windows: window i is
@@ -74,7 +79,7 @@ def split_windows(tokens, batch_size: int, seq_len: int, max_windows: int | None
     if max_windows is not None:
         check_count("max_windows", max_windows, " (or None: every window)")
     n = len(tokens)
-    n_windows = (n - 1) // seq_len
+    n_windows = window_count(n, seq_len)
     if max_windows is not None:
         n_windows = min(n_windows, max_windows)
     if n_windows < 1:

@@ -86,10 +86,12 @@ def this_machine(device: str) -> str:
     return machine_of(cpu_description())
 
 
-def recorded_scored_tokens(record: RunRecord) -> int:
+def recorded_scored_tokens(record: RunRecord, tc: TrainConfig | None = None) -> int:
     """Tokens ``record``'s run scored besides training: its curve's evaluations and its final
-    scores, counted from the record (``scored_tokens`` of its config where the record lacks a count)."""
-    tc, final = record.train_config, record.final  # the config as this version reads it (defaults filled in)
+    scores, counted from the record (``scored_tokens`` of its config where the record lacks a count).
+    ``tc``: the record's config as this version reads it, when the caller has it already."""
+    tc = record.train_config if tc is None else tc  # defaults filled in for fields an older record lacks
+    final = record.final
     if tc.eval_on == "whole_split":
         curve = final.get("val_tokens")
     else:
@@ -119,7 +121,7 @@ def record_timings(records: Iterable[RunRecord], cache: dict | None = None) -> p
                      "width": c["model"]["d_model"], "cpu": r.environment.get("cpu_capability", "?"),
                      "machine": machine_of(r.environment),
                      "s_per_step": r.train_time_s / steps, "other_s": r.wall_time_s - r.train_time_s,
-                     "scored": recorded_scored_tokens(r), "flops": _flops(tc, cache)})
+                     "scored": recorded_scored_tokens(r, tc), "flops": _flops(tc, cache)})
     return pd.DataFrame(rows, columns=["key", "family", "shape", "arch", "reference", "width", "cpu", "machine",
                                        "s_per_step", "other_s", "scored", "flops"])
 

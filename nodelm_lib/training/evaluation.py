@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from nodelm_lib.config import TrainConfig
-from nodelm_lib.data import fixed_batches, get_tokenizer, load_tokens, split_windows
+from nodelm_lib.data import fixed_batches, get_tokenizer, load_tokens, split_windows, window_count
 from nodelm_lib.models import CausalLM
 
 from . import distributed
@@ -128,8 +128,7 @@ def _window_tokens(tc: TrainConfig, split: str) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _split_window_tokens(dataset: str, split: str, tokenizer: str, data_dir, seq_len: int) -> int:
-    n = len(load_tokens(dataset, split, tokenizer, data_dir=data_dir))
-    return (n - 1) // seq_len * seq_len
+    return window_count(len(load_tokens(dataset, split, tokenizer, data_dir=data_dir)), seq_len) * seq_len
 
 
 def activation_bytes(model: CausalLM, x: torch.Tensor, y: torch.Tensor, autocast) -> int:
