@@ -190,7 +190,7 @@ def _store(args: argparse.Namespace) -> int:
         for _, problem in problems:
             print(f"bad: {problem}")
         print(f"{checked} file(s) checked, {len(problems)} bad" +
-              (f"; `python -m nodelm_lib store quarantine` moves them aside" if problems else ""))
+              ("; `python -m nodelm_lib store quarantine` moves them aside" if problems else ""))
         return 1 if problems else 0
     moved = quarantine(args.store, args.checkpoints)
     for path, target, problem in moved:

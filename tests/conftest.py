@@ -1,4 +1,5 @@
-"""Fixtures the data tests share: no hub and no stray data variables, and the offline data dir."""
+"""What several test files share: the data fixtures (no hub, no stray data variables, the offline
+data dir), a check that every parameter gets a gradient, and a fake finished run record."""
 
 from pathlib import Path
 
@@ -45,3 +46,20 @@ def assert_every_parameter_gets_a_gradient(model, seq_len: int) -> None:
         assert p.grad is not None, f"{name} has no gradient"
         assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
         assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+
+
+def fake_record(tc, seconds_per_step: float, steps: int = 10, other_s: float = 0.0, environment: dict | None = None,
+                **fields):
+    """A finished ``RunRecord`` of ``tc`` (a ``TrainConfig``): ``steps`` training steps at
+    ``seconds_per_step`` and ``other_s`` seconds of wall time outside them, on this machine unless
+    ``environment`` names another; no evaluation and empty metrics unless ``fields`` give some."""
+    from nodelm_lib.config import to_dict
+    from nodelm_lib.training.evaluation import with_tokenizer_vocab
+    from nodelm_lib.training.profiling import cpu_description
+    from nodelm_lib.training.record import RunRecord
+
+    tc = with_tokenizer_vocab(tc)
+    fields.setdefault("metrics", [{}] * steps)
+    return RunRecord(config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
+                     train_time_s=seconds_per_step * steps, wall_time_s=seconds_per_step * steps + other_s,
+                     environment=cpu_description() if environment is None else environment, **fields)

@@ -16,13 +16,13 @@ import torch
 
 import nodelm_lib as nl
 import nodelm_lib.runs.store as store_module
+from conftest import fake_record
 from nodelm_lib.experiments import protocol, sweeps
 from nodelm_lib.config import with_values
 from nodelm_lib.training.flops import forward_flops
 from nodelm_lib.experiments.protocol import arm_configs, check_protocol
 from nodelm_lib.runs.records import record_row, time_to_target
 from nodelm_lib.runs.store import record_path, run_hash
-from nodelm_lib.training.evaluation import with_tokenizer_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -187,16 +187,6 @@ def test_every_arm_of_a_seed_sees_the_same_batches(monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(batches[0], other))
 
 
-def _fake_record(tc: nl.TrainConfig, seconds_per_step: float, steps: int = 10) -> nl.RunRecord:
-    from nodelm_lib.config import to_dict
-
-    tc = with_tokenizer_vocab(tc)
-    return nl.RunRecord(config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
-                        metrics=[{"step": i + 1, "loss": 1.0} for i in range(steps)], flops_per_token=1e6,
-                        flops_batch_size=tc.batch_size, train_time_s=seconds_per_step * steps,
-                        wall_time_s=seconds_per_step * steps)
-
-
 def test_expected_seconds_uses_measured_step_times_then_flops(tmp_path):
     """A model measured slow in the store is expected slow whatever its FLOPs; another width of it
     is scaled by FLOPs (``timing.step_seconds``); a model with no record of its own or of gpt is
@@ -205,7 +195,7 @@ def test_expected_seconds_uses_measured_step_times_then_flops(tmp_path):
     store.mkdir()
     small, wide = tiny(), with_values(tiny(), {"model.d_model": 64})
     ssm = with_values(tiny(), {"model.arch": "ssm"})
-    _fake_record(with_values(small, {"seed": 7}), seconds_per_step=0.5).to_json(record_path(store, "a"))
+    fake_record(with_values(small, {"seed": 7}), seconds_per_step=0.5).to_json(record_path(store, "a"))
     guess = sweeps.expected_seconds([small, tiny(max_steps=24), wide, ssm], store)
     assert guess[0] == pytest.approx(12 * 0.5) and guess[1] == pytest.approx(24 * 0.5)  # measured, times steps
     # another width: the measured step scaled by FLOPs (one width only: no fixed share)
@@ -214,7 +204,7 @@ def test_expected_seconds_uses_measured_step_times_then_flops(tmp_path):
     assert guess[3] == pytest.approx(12 * 0.5 * forward_flops(ssm) / forward_flops(small))
     only_ssm = tmp_path / "only_ssm"  # no record of gpt: gpt at ssm's seconds per FLOP
     only_ssm.mkdir()
-    _fake_record(with_values(ssm, {"seed": 7}), seconds_per_step=0.5).to_json(record_path(only_ssm, "a"))
+    fake_record(with_values(ssm, {"seed": 7}), seconds_per_step=0.5).to_json(record_path(only_ssm, "a"))
     per_flop = 0.5 / (forward_flops(ssm) * ssm.batch_size * ssm.seq_len)
     assert sweeps.expected_seconds([ssm, small], only_ssm) == pytest.approx(
         [12 * 0.5, 12 * per_flop * forward_flops(small) * small.batch_size * small.seq_len])
@@ -229,7 +219,7 @@ def test_parallel_runs_start_longest_first(tmp_path, monkeypatch):
 
     def fake_run(tc, store, checkpoints, isolate, need_checkpoint, threads):
         started.append(tc.max_steps)
-        return _fake_record(tc, 0.0)
+        return fake_record(tc, 0.0)
 
     monkeypatch.setattr(sweeps, "run", fake_run)
     steps = [3, 40, 7, 25, 12, 1]
@@ -352,7 +342,7 @@ def test_a_stored_record_counted_at_one_sequence_is_counted_again_at_its_batch(t
     from nodelm_lib.runs.store import load_records, read_record
 
     tc = tiny(model=nl.config.for_arch(tiny().model, "node"))
-    old = _fake_record(tc, 0.5)
+    old = fake_record(tc, 0.5)
     old.flops_per_token, old.flops_batch_size = forward_flops(tc, 1), 1
     path = record_path(tmp_path, "old")
     old.to_json(path)

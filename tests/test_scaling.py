@@ -13,12 +13,10 @@ import yaml
 from scipy import optimize
 
 import nodelm_lib as nl
+from conftest import fake_record
 from nodelm_lib.experiments import protocol, scaling, sweep_time
 from nodelm_lib.reporting import stats, trends
-from nodelm_lib.runs.store import load_records, run_hash
-from nodelm_lib.training.evaluation import with_tokenizer_vocab
-from nodelm_lib.training.profiling import cpu_description
-from nodelm_lib.training.record import RunRecord
+from nodelm_lib.runs.store import run_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -263,15 +261,6 @@ def test_grids_are_02s_rates_to_the_bit():
 
 
 # --------------------------------------------------------------------------- time
-
-
-def fake_record(tc: nl.TrainConfig, seconds_per_step: float, steps: int = 10) -> RunRecord:
-    """A finished record of ``tc`` that trained ``steps`` steps at ``seconds_per_step``, scored
-    nothing and spent nothing outside training, on this machine."""
-    tc = with_tokenizer_vocab(tc)
-    return RunRecord(config=nl.config.to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
-                     metrics=[{}] * steps, wall_time_s=seconds_per_step * steps, train_time_s=seconds_per_step * steps,
-                     environment=cpu_description())
 
 
 def test_time_estimate_packs_each_phase_on_its_lanes_and_resolves_auto_workers(tmp_path, monkeypatch):

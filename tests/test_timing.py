@@ -8,28 +8,17 @@ import math
 import pytest
 
 import nodelm_lib as nl
+from conftest import fake_record
 from nodelm_lib.data import load_tokens
 from nodelm_lib.experiments import scaling
 from nodelm_lib.runs import timing
 from nodelm_lib.runs.budget import estimate_run_s
 from nodelm_lib.runs.store import load_records
-from nodelm_lib.training.evaluation import scored_tokens, with_tokenizer_vocab
+from nodelm_lib.training.evaluation import scored_tokens
 from nodelm_lib.training.profiling import cpu_description
-from nodelm_lib.training.record import RunRecord
 
 HERE = cpu_description()
 ELSEWHERE = {"cpu_name": "Some Other CPU", "cpu_capability": "AVX512"}
-
-
-def fake_record(tc: nl.TrainConfig, seconds_per_step: float, steps: int = 10, other_s: float = 0.0,
-                environment: dict | None = None, **fields) -> RunRecord:
-    """A finished record of ``tc``: ``steps`` training steps at ``seconds_per_step``, and
-    ``other_s`` seconds of its wall time outside them; no evaluation unless ``fields`` give some."""
-    tc = with_tokenizer_vocab(tc)
-    return RunRecord(config=nl.config.to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed, status="completed",
-                     metrics=[{}] * steps, train_time_s=seconds_per_step * steps,
-                     wall_time_s=seconds_per_step * steps + other_s,
-                     environment=HERE if environment is None else environment, **fields)
 
 
 def tiny(**kw) -> nl.TrainConfig:

@@ -193,7 +193,7 @@ def depth_transfer_figure(summary, title: str | None = None, unit: str = "nats/t
                         xytext=(0, -30), textcoords="offset points", ha="center", va="top", fontsize=6,
                         color="dimgrey")
     axes[0][0].set_ylabel(f"test loss ({unit})\n{INTERVAL}")
-    handles, labels = {}, {}
+    handles = {}
     for ax in axes[0]:  # one legend for every panel: the union of what they draw
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
