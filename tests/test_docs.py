@@ -80,6 +80,17 @@ def test_every_notebook_has_a_page_whose_first_cell_names_its_profile(notebook):
     assert len(executed) == len(committed), "the page is not this notebook (cells added or removed)"
 
 
+def test_every_notebook_page_is_the_cpu_profile_as_the_notebooks_index_says():
+    """docs/notebooks/index.md says each page is an executed `cpu` copy: a page still showing
+    another profile (a new notebook not yet executed) must change that sentence, not make it false."""
+    claim = "Every page here is such a `cpu` copy."
+    if claim not in (DOCS / "notebooks" / "index.md").read_text():
+        pytest.skip("the notebooks index no longer claims every page is a cpu copy")
+    other = [page.name for page in sorted((DOCS / "notebooks").glob("*.ipynb"))
+             if "Outputs on this page: the `cpu` profile" not in nbformat.read(str(page), as_version=4).cells[0].source]
+    assert not other, f"{other} are not executed with the cpu profile: `make docs-notebooks`, or say so in the index"
+
+
 def test_the_api_index_names_every_public_name():
     index = (DOCS / "api" / "index.md").read_text()
     missing = [name for name in nl.__all__ if f"`nl.{name}`" not in index]
