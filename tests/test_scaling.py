@@ -92,6 +92,17 @@ def seed_frame(values: dict) -> pd.DataFrame:
     return pd.DataFrame([{"seed": s, "v": v} for s, v in values.items()])
 
 
+def test_the_bootstrap_leaves_out_replicates_that_are_not_finite():
+    """A resample with an infinite statistic (here a range of 0) is left out of the SD, as NaN is."""
+    points = pd.DataFrame({"seed": [0, 1, 2], "y": [1.0, 2.0, 4.0]})
+    with np.errstate(divide="ignore"):
+        row = trends.bootstrap(points, lambda p: pd.Series({"r": 1 / (p["y"].max() - p["y"].min())})).loc["r"]
+    draws, _ = trends.seed_draws([0, 1, 2])
+    y = points["y"].to_numpy()
+    finite = [1 / np.ptp(y[list(d)]) for d in draws if np.ptp(y[list(d)]) > 0]
+    assert row["sd_boot"] == pytest.approx(np.std(finite)) and math.isfinite(row["ci_low"])
+
+
 def test_the_exact_bootstrap_interval_of_a_mean_is_the_t_interval():
     points = seed_frame({0: 1.70, 1: 1.74, 2: 1.69})
     boot = trends.bootstrap(points, lambda p: pd.Series({"mean": p["v"].mean()}))

@@ -356,6 +356,11 @@ def test_tost_rejects_a_bad_margin_and_handles_identical_differences():
         st.tost([1, 2], [1, 2], margin=float("nan"))
     assert st.tost([1.0, 2.0], [1.0, 2.0], margin=0.1)["p_tost"] == 0.0
     assert st.tost([1.5, 2.5], [1.0, 2.0], margin=0.1)["p_tost"] == 1.0
+    # a margin read from a numpy table is a numpy scalar: the same test as the float; a bool is no margin
+    a, b = [1.0, 1.3, 0.9, 1.1], [1.05, 1.2, 1.0, 1.1]
+    assert st.tost(a, b, margin=np.float32(0.25))["p_tost"] == pytest.approx(st.tost(a, b, margin=0.25)["p_tost"])
+    with pytest.raises(ValueError, match="margin=True is not valid"):
+        st.tost(a, b, margin=True)
 
 
 def test_tost_holds_its_size_at_the_margin_on_synthetic_data():

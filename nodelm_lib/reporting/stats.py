@@ -27,6 +27,7 @@ nothing here is about solvers.)
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 from scipy import stats as _dist
@@ -250,7 +251,8 @@ def tost(a, b, margin: float, confidence: float = 0.95) -> dict:
     alpha = 0.05: ``confidence`` is the level of that two-sided interval's parent, 1 - alpha).
     Identical differences (sd 0) are equivalent exactly when ``|mean| < margin``.
     """
-    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
+    # numbers.Real: numpy scalars too (a margin read from a table is often np.float32)
+    if not (isinstance(margin, numbers.Real) and not isinstance(margin, bool) and math.isfinite(margin) and margin > 0):
         raise ValueError(f"margin={margin!r} is not valid; it must be a finite number > 0 (in the metric's units)")
     confidence = _check_confidence(confidence)
     a, b = _as_1d(a, "a"), _as_1d(b, "b")

@@ -276,6 +276,7 @@ def bootstrap(points: pd.DataFrame, statistic: Callable[[pd.DataFrame], pd.Serie
     estimate = statistic(points)
     draws, exact = seed_draws(seeds, n_boot, rng)
     reps = pd.DataFrame([statistic(resample(points, d, seed_col)).reindex(estimate.index) for d in draws])
+    reps = reps.replace([np.inf, -np.inf], np.nan)  # finite replicates only (an infinite one would make the SD NaN)
     # the exact bootstrap weighs its n**n draws equally: their population SD is its SD
     sd = reps.std(ddof=0 if exact else 1, skipna=True)
     low, high = t_interval(estimate.to_numpy(float), sd.to_numpy(float), len(seeds), confidence)
