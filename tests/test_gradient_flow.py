@@ -60,3 +60,38 @@ def test_control_effect_is_zero_only_without_a_control_path():
     with torch.no_grad():
         model.ode_block.field.control_proj.weight.zero_()
     assert gf.control_effect(model, idx) == 0.0
+
+
+@pytest.mark.slow
+def test_the_control_effect_is_kept_so_a_clone_without_weights_trains_nothing(tmp_path, monkeypatch):
+    """The hybrid's control effect is computed from its final weights once and kept beside its
+    record: with the weights gone (a fresh clone) the runs are read back, nothing is trained, and
+    the effect read back is the one computed from the weights."""
+    from nodelm_lib.data import fixed_batches
+    import nodelm_lib.runs.store as store_module
+    from nodelm_lib.runs.store import checkpoint_path, evaluations_path
+    from nodelm_lib.training.evaluation import split_tokens
+
+    model = nl.ModelConfig(arch="hybrid", d_model=16, n_heads=2, n_layers=4, max_seq_len=16, ode_start=1, ode_end=3,
+                           control_dim=4)
+    configs = gf.paired_configs(nl.TrainConfig(model=model, dataset="tinyshakespeare", tokenizer="char",
+                                               batch_size=2, seq_len=16, max_steps=3, eval_interval=3, eval_batches=1,
+                                               eval_on="batches", progress=False))
+    store, checkpoints = tmp_path / "runs", tmp_path / "ckpt"
+    records = gf.with_control_weights(configs, store, checkpoints)
+    effect = gf.stored_control_effect(records["hybrid"], store, checkpoints)
+    # the same number as the effect computed directly from the weights on 4 fixed validation windows
+    weights = nl.load_model(checkpoint_path(records["hybrid"].config_hash, checkpoints))
+    val = torch.from_numpy(split_tokens(configs["hybrid"], "validation").astype("int64"))
+    (x, _), = fixed_batches(val, 1, gf.CONTROL_WINDOWS, 16, seed=0)
+    assert effect == gf.control_effect(weights, x) > 0
+    assert evaluations_path(store, records["hybrid"].config_hash).exists()
+
+    for path in checkpoints.rglob("*"):  # a clone: records and evaluations, no weights
+        if path.is_file():
+            path.unlink()
+    trained = []
+    monkeypatch.setattr(store_module, "train_into_store", lambda tc, *a, **k: trained.append(tc))
+    again = gf.with_control_weights(configs, store, checkpoints)
+    assert not trained and not any(p.is_file() for p in checkpoints.rglob("*"))
+    assert gf.stored_control_effect(again["hybrid"], store, checkpoints) == effect

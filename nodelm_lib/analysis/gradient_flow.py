@@ -6,6 +6,11 @@ and a ``hybrid``) are summarised per model and judged against explicit criteria.
 
 A training step's gradient norm counts as *vanishing* below ``Criteria.vanishing`` and as
 *exploding* above ``Criteria.exploding`` (norms are measured before clipping).
+
+The one criterion read from the hybrid's final weights, the control vector's effect on the logits,
+is kept beside its record (``stored_control_effect``: ``store.write_evaluations``), so that a clone
+without the weights (checkpoints are not committed) rebuilds the verdict from stored numbers instead
+of training the run again.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import pandas as pd
 import torch
 
 from nodelm_lib.config import TrainConfig
+from nodelm_lib.data import fixed_batches
 from nodelm_lib.reporting.style import smooth, use_style
+from nodelm_lib.runs.store import checkpoint_path, read_evaluations, run, write_evaluations
+from nodelm_lib.training.evaluation import split_tokens
 from nodelm_lib.training.record import RunRecord
 
 ODE_GROUP = "grad_norm/ode_block"
@@ -86,6 +94,54 @@ def control_effect(model: torch.nn.Module, idx: torch.Tensor, n_draws: int = 8, 
         steered, _ = model(idx, control=u)
         diffs.append((steered - plain).abs().mean().item())
     return float(np.mean(diffs))
+
+
+CONTROL_WINDOWS = 4  # validation windows the control effect is measured on (fixed: eval seed 0)
+
+
+def control_effect_key(n_draws: int = 8, seed: int = 0) -> str:
+    """The name of the stored control effect (``stored_control_effect``) of these settings."""
+    return f"control effect: {CONTROL_WINDOWS} validation windows (seed 0), {n_draws} draws (seed {seed})"
+
+
+def control_effect_stored(record: RunRecord, store, n_draws: int = 8, seed: int = 0) -> bool:
+    """Whether ``store`` keeps the control effect of this training of the run."""
+    return control_effect_key(n_draws, seed) in read_evaluations(record, store)
+
+
+def with_control_weights(configs: dict[str, TrainConfig], store, checkpoints, hybrid: str = "hybrid",
+                         **run_options) -> dict[str, RunRecord]:
+    """The runs of ``configs`` (``{name: config}``) read from ``store`` or trained, and the
+    ``hybrid``'s final weights on disk where its control effect is not stored: trained again for
+    them (``run(..., need_checkpoint=True)``; on another kind of CPU that replaces its record, so
+    fetch the records here, before any table is built from them)."""
+    records = {name: run(tc, store, checkpoints, **run_options) for name, tc in configs.items()}
+    if not control_effect_stored(records[hybrid], store):
+        records[hybrid] = run(configs[hybrid], store, checkpoints, need_checkpoint=True, **run_options)
+    return records
+
+
+def stored_control_effect(record: RunRecord, store, checkpoints, device: str = "cpu", n_draws: int = 8,
+                          seed: int = 0) -> float:
+    """``control_effect`` of the run's final model on ``CONTROL_WINDOWS`` fixed windows of its
+    validation split: read back from ``store``, else computed from its checkpoint (see
+    ``with_control_weights``) and kept there."""
+    stored = read_evaluations(record, store)
+    key = control_effect_key(n_draws, seed)
+    if key not in stored:
+        from nodelm_lib.training.model_files import load_model
+
+        path = checkpoint_path(record.config_hash, checkpoints)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: the final weights of run {record.config_hash} are needed for its "
+                                    "control effect, which the store does not keep; with_control_weights trains them")
+        tc = record.train_config
+        model = load_model(path, device=device)
+        val = torch.from_numpy(np.asarray(split_tokens(tc, "validation"), dtype=np.int64))
+        (x, _), = fixed_batches(val, 1, CONTROL_WINDOWS, tc.seq_len, seed=0)
+        stored = {**stored, key: {"mean_abs_delta_logit": control_effect(model, x.to(device), n_draws, seed)}}
+        write_evaluations(record, stored, store)
+    return float(stored[key]["mean_abs_delta_logit"])
 
 
 def verdict(table: pd.DataFrame, baseline: str, hybrid: str, control: float,
