@@ -90,6 +90,38 @@ def test_final_models_read_stored_weights_and_retrain_missing_ones(tmp_path, mon
     assert torch.allclose(third[("a", 0)](idx)[0], logits, rtol=0, atol=1e-6)
 
 
+def test_weights_trained_again_elsewhere_leave_the_stored_record_as_it_is(tmp_path, caplog):
+    """On another kind of CPU a run trained again for its weights ends elsewhere: the stored record,
+    which other tables read (02's and 07's read the runs 04 analyses), is kept byte for byte, the
+    table is built from it, the retraining's record goes to a side store, and a warning says so."""
+    import json
+    import shutil
+
+    from nodelm_lib.training.state import _final_train_loss
+
+    options = dict(store=tmp_path / "runs", checkpoints=tmp_path / "ckpt", isolate=False, progress=False)
+    arms = {"a": {"model.arch": "gpt"}}
+    runs, _ = sweeps.final_models(tiny(max_steps=4), arms, [0], **options)
+    config_hash = runs["config_hash"].iloc[0]
+    path = record_path(tmp_path / "runs", config_hash)
+    stored = json.loads(path.read_text())  # as if trained on another CPU: every loss a little elsewhere
+    for row in stored["metrics"]:
+        row["loss"] += 0.01
+    for row in stored["evals"]:
+        row["val_loss"] += 0.01
+    stored["final"].update(train_loss=_final_train_loss(stored["metrics"]), val_loss=stored["evals"][-1]["val_loss"])
+    stored.pop("digest", None)
+    nl.RunRecord(**{k: v for k, v in stored.items() if k in nl.RunRecord.__dataclass_fields__}).to_json(path)
+    before = path.read_bytes()
+    shutil.rmtree(tmp_path / "ckpt" / config_hash)  # a clone: records, no weights
+    with caplog.at_level("WARNING"):
+        table, models = sweeps.final_models(tiny(max_steps=4), arms, [0], **options)
+    assert path.read_bytes() == before and table["val_loss"].iloc[0] == stored["final"]["val_loss"]
+    side = record_path(tmp_path / "ckpt" / sweeps.WEIGHTS_STORE, config_hash)
+    assert json.loads(side.read_text())["final"]["val_loss"] == runs["val_loss"].iloc[0]
+    assert ("a", 0) in models and "ended elsewhere than their stored records" in caplog.text
+
+
 def test_selected_lrs_reads_a_selection_file(tmp_path):
     import pandas as pd
 
