@@ -263,7 +263,9 @@ def test_the_chunk_command_runs_a_notebook_in_this_process_and_packs_its_runs(tm
                  "--archive", str(archive), "--store", str(store), "--root", str(ROOT)])
     assert code == chunks.EXIT_COMPLETE
     with tarfile.open(archive) as tar:
-        assert sorted(tar.getnames()) == sorted(p.name for p in store.glob("*.json")) and len(tar.getnames()) == 2
+        # two run records, and the hybrid's control effect kept beside its record (store evaluations)
+        stored = sorted(p.relative_to(store).as_posix() for p in store.rglob("*.json"))
+        assert sorted(tar.getnames()) == stored and len(stored) == 3 and sum(n.startswith("evaluations/") for n in stored) == 1
     assert (tmp_path / "results" / "gradient_flow_smoke.csv").exists()
     # the chunk's deadline stays inside it: a later run in this process is not held to it
     assert not {budget.DEADLINE_ENV, budget.REPORT_ENV, budget.UNKNOWN_ENV} & set(os.environ)
