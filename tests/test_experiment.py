@@ -104,19 +104,18 @@ def test_weights_trained_again_elsewhere_leave_the_stored_record_as_it_is(tmp_pa
     runs, _ = sweeps.final_models(tiny(max_steps=4), arms, [0], **options)
     config_hash = runs["config_hash"].iloc[0]
     path = record_path(tmp_path / "runs", config_hash)
-    stored = json.loads(path.read_text())  # as if trained on another CPU: every loss a little elsewhere
-    for row in stored["metrics"]:
+    stored = nl.RunRecord.from_json(path)  # as if trained on another CPU: every loss a little elsewhere
+    for row in stored.metrics:
         row["loss"] += 0.01
-    for row in stored["evals"]:
+    for row in stored.evals:
         row["val_loss"] += 0.01
-    stored["final"].update(train_loss=_final_train_loss(stored["metrics"]), val_loss=stored["evals"][-1]["val_loss"])
-    stored.pop("digest", None)
-    nl.RunRecord(**{k: v for k, v in stored.items() if k in nl.RunRecord.__dataclass_fields__}).to_json(path)
+    stored.final.update(train_loss=_final_train_loss(stored.metrics), val_loss=stored.evals[-1]["val_loss"])
+    stored.to_json(path)
     before = path.read_bytes()
     shutil.rmtree(tmp_path / "ckpt" / config_hash)  # a clone: records, no weights
     with caplog.at_level("WARNING"):
         table, models = sweeps.final_models(tiny(max_steps=4), arms, [0], **options)
-    assert path.read_bytes() == before and table["val_loss"].iloc[0] == stored["final"]["val_loss"]
+    assert path.read_bytes() == before and table["val_loss"].iloc[0] == stored.final["val_loss"]
     side = record_path(tmp_path / "ckpt" / sweeps.WEIGHTS_STORE, config_hash)
     assert json.loads(side.read_text())["final"]["val_loss"] == runs["val_loss"].iloc[0]
     assert ("a", 0) in models and "ended elsewhere than their stored records" in caplog.text
