@@ -21,6 +21,7 @@ from nodelm_lib.experiments import protocol, sweeps
 from nodelm_lib.config import with_values
 from nodelm_lib.training.flops import forward_flops
 from nodelm_lib.experiments.protocol import arm_configs, check_protocol
+from nodelm_lib.runs.final_weights import weights_store
 from nodelm_lib.runs.records import record_row, time_to_target
 from nodelm_lib.runs.store import record_path, run_hash
 
@@ -116,7 +117,7 @@ def test_weights_trained_again_elsewhere_leave_the_stored_record_as_it_is(tmp_pa
     with caplog.at_level("WARNING"):
         table, models = sweeps.final_models(tiny(max_steps=4), arms, [0], **options)
     assert path.read_bytes() == before and table["val_loss"].iloc[0] == stored.final["val_loss"]
-    side = record_path(tmp_path / "ckpt" / sweeps.WEIGHTS_STORE, config_hash)
+    side = record_path(weights_store(tmp_path / "ckpt"), config_hash)
     assert json.loads(side.read_text())["final"]["val_loss"] == runs["val_loss"].iloc[0]
     assert ("a", 0) in models and "ended elsewhere than their stored records" in caplog.text
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -34,7 +34,7 @@ from torch.func import jvp, vjp
 
 from nodelm_lib.models.common import continuous_block
 
-from .spectral import fixed_step_block, sorted_eigvals, summarize
+from .spectral import fixed_step_block, real_from_json, real_to_json, sorted_eigvals, summarize
 
 
 # --------------------------------------------------------------------------- reverse-mode Jacobians
@@ -183,28 +183,50 @@ class JacobianSpectra:
     """Spectra of d f / d x along one trajectory: per step start time, the eigenvalues (all N, or
     the Ritz values with ``mode="arnoldi"``), the spectral radius, the largest real part, the
     spectral norm (largest singular value) and the root mean square of the state x(t_i) (the
-    layer norms divide by each token's standard deviation, so a small state means a large J)."""
+    layer norms divide by each token's standard deviation, so a small state means a large J).
+
+    ``stats`` holds ``summarize`` of each time's eigenvalues, which is all the tables and figures
+    use: ``to_dict`` keeps it instead of the eigenvalues (T D of them per time, 5248 for 41 tokens
+    at d = 128), so a result read back (``from_dict``) has ``eigenvalues=None``."""
 
     mode: str
     times: np.ndarray
-    eigenvalues: list[np.ndarray]
+    eigenvalues: list[np.ndarray] | None
     spectral_norm: np.ndarray
     state_rms: np.ndarray
     tokens: list[int]
+    stats: list[dict] = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.stats is None:
+            if self.eigenvalues is None:
+                raise ValueError("JacobianSpectra needs its eigenvalues or their stats (summarize's dicts)")
+            self.stats = [summarize(e) for e in self.eigenvalues]
 
     @property
     def spectral_radius(self) -> np.ndarray:
-        return np.array([np.abs(e).max() for e in self.eigenvalues])
+        return np.array([s["spectral_radius"] for s in self.stats])
 
     @property
     def max_real(self) -> np.ndarray:
-        return np.array([e.real.max() for e in self.eigenvalues])
+        return np.array([s["max_real"] for s in self.stats])
 
     def summary(self) -> pd.DataFrame:
-        return pd.DataFrame([dict(step=i, t=float(t), kind="jacobian", head=-1, **summarize(e),
+        return pd.DataFrame([dict(step=i, t=float(t), kind="jacobian", head=-1, **stats,
                                   spectral_norm=float(s), state_rms=float(r), mode=self.mode)
-                             for i, (t, e, s, r) in enumerate(zip(self.times, self.eigenvalues, self.spectral_norm,
-                                                                  self.state_rms))])
+                             for i, (t, stats, s, r) in enumerate(zip(self.times, self.stats, self.spectral_norm,
+                                                                      self.state_rms))])
+
+    def to_dict(self) -> dict:
+        """Everything but the eigenvalues, as JSON (class docstring)."""
+        return dict(mode=self.mode, times=real_to_json(self.times), spectral_norm=real_to_json(self.spectral_norm),
+                    state_rms=real_to_json(self.state_rms), tokens=[int(t) for t in self.tokens],
+                    stats=[dict(s) for s in self.stats])
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "JacobianSpectra":
+        return cls(data["mode"], real_from_json(data["times"]), None, real_from_json(data["spectral_norm"]),
+                   real_from_json(data["state_rms"]), list(data["tokens"]), [dict(s) for s in data["stats"]])
 
 
 def jacobian_spectra(model, idx: torch.Tensor, mode: str = "blocks", n_krylov: int = 64,

@@ -54,6 +54,7 @@ from nodelm_lib.models.common import continuous_block
 from nodelm_lib.ode import TABLEAUS, Solver, rk_step
 
 from .jacobian import analysis_model, jacobian_rows
+from .spectral import real_from_json, real_to_json
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -227,6 +228,24 @@ class TokenSensitivity:
                      exponent=self.exponent[i, j]) for i in range(T) for j in range(i + 1)]
         return pd.DataFrame(rows)
 
+    def to_dict(self) -> dict:
+        """The largest singular values, tokens and time as JSON; ``from_dict`` computes the
+        exponents from them as ``token_sensitivity`` does (``sensitivity_exponents``)."""
+        return dict(sigma_max=real_to_json(self.sigma_max), tokens=[int(t) for t in self.tokens], time=self.time)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TokenSensitivity":
+        sigma = real_from_json(data["sigma_max"])
+        return cls(sensitivity_exponents(sigma, data["time"]), sigma, list(data["tokens"]), float(data["time"]))
+
+
+def sensitivity_exponents(sigma_max: np.ndarray, tau: float) -> np.ndarray:
+    """(1/tau) log sigma_max for j <= i, NaN above the diagonal (zero blocks: causality)."""
+    with np.errstate(divide="ignore"):
+        exponent = np.log(sigma_max) / tau
+    exponent[np.triu_indices(len(sigma_max), k=1)] = np.nan
+    return exponent
+
 
 def flow_jacobian(model: torch.nn.Module, x0: torch.Tensor, rows: torch.Tensor | None = None,
                   chunk_size: int | None = None) -> torch.Tensor:
@@ -266,10 +285,7 @@ def token_sensitivity(model: torch.nn.Module, idx: torch.Tensor, dtype: torch.dt
     blocks = J.reshape(T, D, T, D).permute(0, 2, 1, 3)  # [i, j] = d x_i(1) / d x_j(0), (D_out, D_in)
     sigma = torch.linalg.matrix_norm(blocks, ord=2).double().cpu().numpy()
     tau = 1.0
-    with np.errstate(divide="ignore"):
-        exponent = np.log(sigma) / tau
-    exponent[np.triu_indices(T, k=1)] = np.nan
-    return TokenSensitivity(exponent, sigma, idx[0].tolist(), tau)
+    return TokenSensitivity(sensitivity_exponents(sigma, tau), sigma, idx[0].tolist(), tau)
 
 
 @dataclass
@@ -293,6 +309,16 @@ class TokenSpectrum:
     def frame(self) -> pd.DataFrame:
         k = np.arange(len(self.qr))
         return pd.DataFrame(dict(position=self.position, token=self.token, index=k, qr=self.qr, svd=self.svd))
+
+    def to_dict(self) -> dict:
+        """Every field as JSON (``from_dict`` rebuilds the same object)."""
+        return dict(position=int(self.position), token=int(self.token), qr=real_to_json(self.qr),
+                    svd=real_to_json(self.svd), time=self.time, history=real_to_json(self.history))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TokenSpectrum":
+        return cls(int(data["position"]), int(data["token"]), real_from_json(data["qr"]), real_from_json(data["svd"]),
+                   float(data["time"]), real_from_json(data["history"]))
 
 
 def token_lyapunov_spectrum(model: torch.nn.Module, idx: torch.Tensor, position: int = -1,

@@ -59,6 +59,33 @@ from nodelm_lib.ode import FIXED_STEP_METHODS
 KINDS = ("qk", "ov", "ff")
 
 
+# --------------------------------------------------------------------------- results as JSON
+# Results are kept in run stores as JSON (``dynamics_store.py``); Python's float repr round-trips a
+# float64 exactly, so a result read back gives the tables it gave when computed, digit for digit.
+
+
+def real_to_json(a: np.ndarray) -> dict:
+    """A float array as JSON (shape and values; NaN and inf as Python's json writes them)."""
+    a = np.asarray(a, dtype=np.float64)
+    return {"shape": list(a.shape), "values": a.ravel().tolist()}
+
+
+def real_from_json(data: dict) -> np.ndarray:
+    return np.array(data["values"], dtype=np.float64).reshape(data["shape"])
+
+
+def complex_to_json(a: np.ndarray) -> dict:
+    """A complex array as JSON: its shape, real and imaginary parts."""
+    a = np.asarray(a, dtype=np.complex128)
+    return {"shape": list(a.shape), "real": a.real.ravel().tolist(), "imag": a.imag.ravel().tolist()}
+
+
+def complex_from_json(data: dict) -> np.ndarray:
+    out = np.empty(len(data["real"]), dtype=np.complex128)
+    out.real, out.imag = data["real"], data["imag"]  # set part by part: re + 1j * im can turn -0.0 into 0.0
+    return out.reshape(data["shape"])
+
+
 # --------------------------------------------------------------------------- the solver's grid
 
 
@@ -270,6 +297,22 @@ class WeightSpectra:
                                   real=e.real, imag=e.imag, abs=np.abs(e)))
                 for i, t, kind, h, e in self._groups()]
         return pd.concat(rows, ignore_index=True)
+
+    def to_dict(self) -> dict:
+        """Every field as JSON (``from_dict`` rebuilds the same object)."""
+        return dict(arch=self.arch, times=real_to_json(self.times), field_times=real_to_json(self.field_times),
+                    qk=complex_to_json(self.qk), ov=complex_to_json(self.ov),
+                    ff=None if self.ff is None else complex_to_json(self.ff),
+                    ff_units=None if self.ff_units is None else [int(u) for u in self.ff_units],
+                    fold_layernorm=self.fold_layernorm, field_scale=self.field_scale)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "WeightSpectra":
+        return cls(data["arch"], real_from_json(data["times"]), real_from_json(data["field_times"]),
+                   complex_from_json(data["qk"]), complex_from_json(data["ov"]),
+                   None if data["ff"] is None else complex_from_json(data["ff"]),
+                   None if data["ff_units"] is None else np.array(data["ff_units"], dtype=np.int64),
+                   bool(data["fold_layernorm"]), float(data["field_scale"]))
 
 
 @torch.no_grad()

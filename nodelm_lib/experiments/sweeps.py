@@ -22,9 +22,10 @@ from tqdm import tqdm
 from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.runs import claims
 from nodelm_lib.runs.budget import BudgetReached
+from nodelm_lib.runs.final_weights import FinalWeights, weights_store
 from nodelm_lib.runs.records import record_row
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records,
-                                   run, run_hash, stored_record)
+                                   run, run_hash, same_training, stored_record)
 from nodelm_lib.runs.timing import run_times
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 from nodelm_lib.training.flops import forward_flops, training_flops
@@ -96,51 +97,60 @@ def with_weights_where_missing(models: Iterable[tuple[str, RunRecord]], missing:
                         workers, progress, launcher)
 
 
-WEIGHTS_STORE = "retrained_for_weights"  # under the checkpoints folder: records of runs trained again for their weights
+def final_weights(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection=None,
+                  store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True,
+                  workers: int | str = 1, progress: bool = True, device: str = "cpu",
+                  needs: Callable[[str, int], Iterable[str]] | None = None) -> tuple[pd.DataFrame, dict]:
+    """``sweep(base, arms, seeds, lr_selection=...)``'s table and ``{(arm, seed): FinalWeights}``:
+    each run's final weights and where evaluations of them are kept (``runs/final_weights.py``),
+    for analyses of final weights (notebook 04 reads notebook 02's runs this way).
 
+    ``needs(arm, seed)`` names the evaluations (keys) an analysis will ask of the run: a run whose
+    store keeps them all needs no weights, and a clone rebuilds the analysis from them, training
+    nothing. Without ``needs`` every run's weights are on disk when this returns.
 
-def _weights_of_stored_runs(runs: pd.DataFrame, base: TrainConfig, arms, seeds, lr_selection, checkpoints,
-                            isolate: bool, workers, progress: bool) -> None:
-    """Train again, into ``checkpoints / WEIGHTS_STORE``, the runs of ``sweep``'s table ``runs``
-    whose final weights are not on disk; warn where a retraining ends elsewhere than the table."""
+    The same arguments give the same configs, hence the same stored runs: a missing run is
+    trained (into ``store``). A stored run whose weights are needed but not on disk (records are
+    committed, checkpoints are not) is trained again for its weights alone, its record kept in a
+    side store under ``checkpoints`` (``final_weights.WEIGHTS_STORE``); the table comes from
+    ``store``'s record, which stays as it is. On the same kind of CPU the retraining reproduces it;
+    on another it ends elsewhere (up to ~0.01 nats after 2000 steps), and replacing the stored
+    record would leave every table that reads the run (02's, 07's) with records of two CPUs, which
+    they refuse (``check_provenance``). A warning names the runs whose weights are not the stored
+    training."""
+    runs = sweep(base, arms, seeds, store=store, checkpoints=checkpoints, isolate=isolate, progress=progress,
+                 lr_selection=lr_selection, workers=workers)
     configs, _ = _selected_arm_configs(base, arms, seeds, lr_selection)
-    needy = [(row, tc) for row, (_, _, tc) in zip(runs.itertuples(), configs)
-             if not checkpoint_path(row.config_hash, checkpoints).exists()]
-    if not needy:
-        return
-    retrained = _run_all([tc for _, tc in needy], Path(checkpoints) / WEIGHTS_STORE, checkpoints, isolate, True,
-                         workers, progress, labels=[f"{row.arm} seed {row.seed} (weights)" for row, _ in needy])
-    moved = [f"{row.arm} seed {row.seed}: {record.final.get('val_loss'):.4f} against {row.val_loss:.4f}"
-             for (row, _), record in zip(needy, retrained) if record.final.get("val_loss") != row.val_loss]
+    stored = [stored_record(tc, store) for _, _, tc in configs]
+
+    def where(i: int) -> FinalWeights | None:
+        arm, seed, _ = configs[i]
+        return FinalWeights.of(stored[i], store, checkpoints, device, needs(arm, seed) if needs else ())
+
+    found = [where(i) for i in range(len(configs))]
+    needy = [i for i, weights in enumerate(found) if weights is None]
+    if needy:
+        _run_all([configs[i][2] for i in needy], weights_store(checkpoints), checkpoints, isolate, True, workers,
+                 progress, labels=[f"{configs[i][0]} seed {configs[i][1]} (weights)" for i in needy])
+        found = [weights if weights is not None else where(i) for i, weights in enumerate(found)]
+    moved = [f"{arm} seed {seed}: {weights.record.final.get('val_loss'):.4f} against {record.final.get('val_loss'):.4f}"
+             for (arm, seed, _), weights, record in zip(configs, found, stored)
+             if weights.record is not record and not same_training(weights.record, record)]
     if moved:
         log.warning("runs trained again for their weights ended elsewhere than their stored records (another kind "
                     "of CPU?); the tables keep the stored records, the analyses use these weights (final "
                     "validation loss, retrained against stored): %s", "; ".join(moved))
+    return runs, {(arm, seed): weights for (arm, seed, _), weights in zip(configs, found)}
 
 
 def final_models(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection=None,
                  store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True,
                  workers: int | str = 1, progress: bool = True, device: str = "cpu") -> tuple[pd.DataFrame, dict]:
-    """The trained models of ``sweep(base, arms, seeds, lr_selection=...)``, for analyses of final
-    weights (notebook 04 reads notebook 02's runs this way): ``sweep``'s table and
-    ``{(arm, seed): model}``, each model loaded from its run's checkpoint on ``device`` in eval mode.
-
-    The same arguments give the same configs, hence the same stored runs: a run whose record and
-    weights are on disk is read, and a missing run is trained. A run whose record is stored but
-    whose weights are not (records are committed, checkpoints are not) is trained again for its
-    weights alone, its record kept in a side store under ``checkpoints`` (``WEIGHTS_STORE``): the
-    table comes from ``store``'s record, which stays as it is. On the same kind of CPU the
-    retraining reproduces it; on another it ends elsewhere (up to ~0.01 nats after 2000 steps), and
-    replacing the stored record would leave every table that reads the run (02's, 07's) with
-    records of two CPUs, which they refuse (``check_provenance``)."""
-    from nodelm_lib.training.model_files import load_model
-
-    runs = sweep(base, arms, seeds, store=store, checkpoints=checkpoints, isolate=isolate, progress=progress,
-                 lr_selection=lr_selection, workers=workers)
-    _weights_of_stored_runs(runs, base, arms, seeds, lr_selection, checkpoints, isolate, workers, progress)
-    models = {(row.arm, int(row.seed)): load_model(checkpoint_path(row.config_hash, checkpoints), device=device)
-              for row in runs.itertuples()}
-    return runs, models
+    """``final_weights`` without ``needs``, every model loaded: ``sweep``'s table and
+    ``{(arm, seed): model}``, each model on ``device`` in eval mode."""
+    runs, weights = final_weights(base, arms, seeds, lr_selection, store, checkpoints, isolate, workers, progress,
+                                  device)
+    return runs, {run: w.model() for run, w in weights.items()}
 
 
 def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need_checkpoint: bool, workers: int | str,
