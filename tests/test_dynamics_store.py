@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import nodelm_lib as nl
+from conftest import as_if_trained_elsewhere
 import nodelm_lib.runs.store as store_module
 from nodelm_lib.analysis import dynamics_store as dyn
 from nodelm_lib.analysis import jacobian as jc
@@ -151,18 +152,10 @@ def test_analyses_of_weights_retrained_elsewhere_go_to_the_side_store(tmp_path, 
     """On another kind of CPU the retraining for weights ends elsewhere: its analyses are kept with
     its record in the side store, the run's own store (committed) gets nothing, and a second clone
     of that machine reads them back from the side store."""
-    from nodelm_lib.training.state import _final_train_loss
-
     runs, _ = final_weights(tmp_path)
     config_hash = runs["config_hash"].iloc[0]
     path = record_path(tmp_path / "runs", config_hash)
-    stored = nl.RunRecord.from_json(path)  # as if trained on another CPU
-    for row in stored.metrics:
-        row["loss"] += 0.01
-    for row in stored.evals:
-        row["val_loss"] += 0.01
-    stored.final.update(train_loss=_final_train_loss(stored.metrics), val_loss=stored.evals[-1]["val_loss"])
-    stored.to_json(path)
+    as_if_trained_elsewhere(path)
     shutil.rmtree(tmp_path / "ckpt")
     with caplog.at_level("WARNING"):
         _, weights = final_weights(tmp_path)

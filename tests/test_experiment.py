@@ -16,7 +16,7 @@ import torch
 
 import nodelm_lib as nl
 import nodelm_lib.runs.store as store_module
-from conftest import fake_record
+from conftest import as_if_trained_elsewhere, fake_record
 from nodelm_lib.experiments import protocol, sweeps
 from nodelm_lib.config import with_values
 from nodelm_lib.training.flops import forward_flops
@@ -98,20 +98,12 @@ def test_weights_trained_again_elsewhere_leave_the_stored_record_as_it_is(tmp_pa
     import json
     import shutil
 
-    from nodelm_lib.training.state import _final_train_loss
-
     options = dict(store=tmp_path / "runs", checkpoints=tmp_path / "ckpt", isolate=False, progress=False)
     arms = {"a": {"model.arch": "gpt"}}
     runs, _ = sweeps.final_models(tiny(max_steps=4), arms, [0], **options)
     config_hash = runs["config_hash"].iloc[0]
     path = record_path(tmp_path / "runs", config_hash)
-    stored = nl.RunRecord.from_json(path)  # as if trained on another CPU: every loss a little elsewhere
-    for row in stored.metrics:
-        row["loss"] += 0.01
-    for row in stored.evals:
-        row["val_loss"] += 0.01
-    stored.final.update(train_loss=_final_train_loss(stored.metrics), val_loss=stored.evals[-1]["val_loss"])
-    stored.to_json(path)
+    stored = as_if_trained_elsewhere(path)
     before = path.read_bytes()
     shutil.rmtree(tmp_path / "ckpt" / config_hash)  # a clone: records, no weights
     with caplog.at_level("WARNING"):
