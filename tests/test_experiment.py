@@ -453,7 +453,9 @@ def test_a_run_trained_again_for_its_weights_keeps_its_stored_record(tmp_path, c
     """Records are committed, checkpoints are not: a notebook that needs a stored run's weights
     (04 reads 02's models) trains it again. When the training reproduces the record, the record
     stays byte for byte (its commit and times are the ones the tables were built from); when it
-    ends elsewhere, the record is replaced, with a warning, to describe the weights on disk."""
+    ends elsewhere (another kind of CPU) it stays byte for byte too, since other tables read it: the
+    retraining's record goes to the side store, with a warning, and is what `run` returns, the
+    record of the weights on disk, beside which evaluations of them belong."""
     import shutil
 
     tc = tiny()
@@ -473,9 +475,16 @@ def test_a_run_trained_again_for_its_weights_keeps_its_stored_record(tmp_path, c
     moved = dataclasses.replace(elsewhere, final={**first.final, "val_loss": shifted},
                                 evals=[*first.evals[:-1], {**first.evals[-1], "val_loss": shifted}])
     moved.to_json(path)  # a record whose numbers this machine does not reproduce
+    committed = path.read_bytes()
     shutil.rmtree(ckpt)
     with caplog.at_level("WARNING", logger="nodelm_lib.runs.store"):
-        replaced = nl.run(tc, store, ckpt, need_checkpoint=True)
+        retrained = nl.run(tc, store, ckpt, need_checkpoint=True)
     assert "ended elsewhere than its stored record" in caplog.text
-    assert replaced.final == first.final and nl.RunRecord.from_json(path).final == first.final
-    assert nl.RunRecord.from_json(path).environment["git_commit"] == first.environment["git_commit"]
+    assert path.read_bytes() == committed and retrained.final == first.final
+    side = record_path(store_module.weights_store(ckpt), first.config_hash)
+    assert nl.RunRecord.from_json(side).final == first.final
+    assert store_module.evaluations_store(retrained, store, ckpt) == store_module.weights_store(ckpt)
+    assert store_module.evaluations_store(moved, store, ckpt) == store
+    # the weights on disk are the retraining's: reading them back gives its record, not the stored one
+    assert nl.run(tc, store, ckpt, need_checkpoint=True).final == first.final
+    assert nl.run(tc, store, ckpt).final == moved.final

@@ -109,6 +109,27 @@ def test_arm_curves_retrain_only_a_run_that_has_neither_stored_curves_nor_weight
     assert not long_context.positions_missing(b, [16], max_windows=2, store=store)
 
 
+def test_curves_of_a_run_retrained_elsewhere_stay_out_of_the_committed_store(tmp_path):
+    """On another kind of CPU the retraining for weights ends elsewhere: its curves go to the side
+    store with its record; the committed store's record stays byte for byte and gets no evaluations."""
+    from conftest import as_if_trained_elsewhere
+    from nodelm_lib.runs.store import evaluations_path, record_path, weights_store
+
+    store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    record = nl.run(tiny_run(), store=store, checkpoints=ckpt)
+    path = record_path(store, record.config_hash)
+    stored = as_if_trained_elsewhere(path)
+    committed = path.read_bytes()
+    checkpoint_path(record.config_hash, ckpt).unlink()  # a clone: no weights, no stored curve
+    curves = long_context.arm_position_curves([("a", stored)], [16], max_windows=2, store=store, checkpoints=ckpt,
+                                              isolate=False)
+    assert path.read_bytes() == committed and not evaluations_path(store, record.config_hash).exists()
+    assert evaluations_path(weights_store(ckpt), record.config_hash).exists()
+    again = long_context.position_curves(nl.run(tiny_run(), store, ckpt, need_checkpoint=True), [16], max_windows=2,
+                                         store=store, checkpoints=ckpt)
+    pd.testing.assert_frame_equal(again.assign(arm="a"), curves)
+
+
 @pytest.mark.parametrize("context, longest, bands", [
     (256, 4096, [(0, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 4096)]),
     (3, 10, [(0, 3), (3, 6), (6, 10)]),

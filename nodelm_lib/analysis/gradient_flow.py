@@ -25,7 +25,7 @@ import torch
 from nodelm_lib.config import TrainConfig
 from nodelm_lib.data import fixed_batches
 from nodelm_lib.reporting.style import smooth, use_style
-from nodelm_lib.runs.store import checkpoint_path, read_evaluations, run, write_evaluations
+from nodelm_lib.runs.store import checkpoint_path, evaluations_store, read_evaluations, run, write_evaluations
 from nodelm_lib.training.evaluation import split_tokens
 from nodelm_lib.training.record import RunRecord
 
@@ -113,8 +113,9 @@ def with_control_weights(configs: dict[str, TrainConfig], store, checkpoints, hy
                          **run_options) -> dict[str, RunRecord]:
     """The runs of ``configs`` (``{name: config}``) read from ``store`` or trained, and the
     ``hybrid``'s final weights on disk where its control effect is not stored: trained again for
-    them (``run(..., need_checkpoint=True)``; on another kind of CPU that replaces its record, so
-    fetch the records here, before any table is built from them)."""
+    them (``run(..., need_checkpoint=True)``). On another kind of CPU that retraining ends elsewhere:
+    the stored record stays, and the hybrid's record here is the retraining's (the weights' own),
+    whose control effect is kept beside it in the side store (``store.evaluations_store``)."""
     records = {name: run(tc, store, checkpoints, **run_options) for name, tc in configs.items()}
     if not control_effect_stored(records[hybrid], store):
         records[hybrid] = run(configs[hybrid], store, checkpoints, need_checkpoint=True, **run_options)
@@ -126,6 +127,7 @@ def stored_control_effect(record: RunRecord, store, checkpoints, device: str = "
     """``control_effect`` of the run's final model on ``CONTROL_WINDOWS`` fixed windows of its
     validation split: read back from ``store``, else computed from its checkpoint (see
     ``with_control_weights``) and kept there."""
+    store = evaluations_store(record, store, checkpoints)  # a retraining that ended elsewhere: its side store
     stored = read_evaluations(record, store)
     key = control_effect_key(n_draws, seed)
     if key not in stored:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import torch
 
 from nodelm_lib.config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
-from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, stored_record, write_evaluations)
+from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, evaluations_store,
+                                   read_evaluations, stored_record, write_evaluations)
 from nodelm_lib.training.evaluation import evaluate, final_eval_batches, with_tokenizer_vocab
 from nodelm_lib.training.record import RunRecord
 
@@ -132,6 +133,8 @@ def depth_curve(record: RunRecord, eval_steps: Iterable[int], methods: Iterable[
     if unknown:
         raise ValueError(f"split(s) {unknown} not valid; choose from {list(SPLIT_COLUMNS)}")
     points = _curve_points(record, eval_steps, methods)
+    if store is not None:
+        store = evaluations_store(record, store, checkpoints)  # a retraining that ended elsewhere: its side store
     stored = read_evaluations(record, store) if store is not None else {}
     missing = _unstored(points, splits, max_batches, stored)
     if missing:

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from nodelm_lib.data import check_count, split_windows
-from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, read_evaluations, write_evaluations)
+from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, evaluations_store,
+                                   read_evaluations, write_evaluations)
 from nodelm_lib.training.device import resolve_device
 from nodelm_lib.training.evaluation import split_tokens
 from nodelm_lib.training.record import RunRecord
@@ -82,6 +83,8 @@ def position_curves(record: RunRecord, windows: Iterable[int], split: str = "val
     windows = [int(w) for w in windows]
     for w in windows:
         check_count("window", w)
+    if store is not None:
+        store = evaluations_store(record, store, checkpoints)  # a retraining that ended elsewhere: its side store
     stored = read_evaluations(record, store) if store is not None else {}
     missing = [w for w in windows if position_key(split, w, max_windows) not in stored]
     if missing:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.runs import claims
 from nodelm_lib.runs.budget import BudgetReached
-from nodelm_lib.runs.final_weights import FinalWeights, weights_store
+from nodelm_lib.runs.final_weights import FinalWeights
 from nodelm_lib.runs.records import record_row
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records,
                                    run, run_hash, same_training, stored_record)
@@ -72,8 +72,11 @@ def sweep(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[in
 def with_weights(records: list[RunRecord], needy: list[int], configs: list[TrainConfig], labels: list[str],
                   store, checkpoints, isolate, workers, progress, launcher) -> list[RunRecord]:
     """``records`` with those at the indices ``needy`` run again with ``need_checkpoint``: read
-    back where the final model is on disk, else trained again (which rewrites the record). For
-    evaluations of final models (depth curves, loss by position) in a clone without the weights."""
+    back where the final model is on disk, else trained again. Each becomes the record of the
+    weights on disk: the stored one, or, where a retraining ended elsewhere (another kind of CPU),
+    that retraining's, kept in the side store (``store.evaluations_store`` says where evaluations of
+    it belong). For evaluations of final models (depth curves, loss by position) in a clone without
+    the weights."""
     if not needy:
         return records
     retrained = _run_all([configs[i] for i in needy], store, checkpoints, isolate, True, workers, progress,
@@ -112,7 +115,7 @@ def final_weights(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Ite
     The same arguments give the same configs, hence the same stored runs: a missing run is
     trained (into ``store``). A stored run whose weights are needed but not on disk (records are
     committed, checkpoints are not) is trained again for its weights alone, its record kept in a
-    side store under ``checkpoints`` (``final_weights.WEIGHTS_STORE``); the table comes from
+    side store under ``checkpoints`` (``store.weights_store``) where it ends elsewhere; the table comes from
     ``store``'s record, which stays as it is. On the same kind of CPU the retraining reproduces it;
     on another it ends elsewhere (up to ~0.01 nats after 2000 steps), and replacing the stored
     record would leave every table that reads the run (02's, 07's) with records of two CPUs, which
@@ -130,8 +133,8 @@ def final_weights(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Ite
     found = [where(i) for i in range(len(configs))]
     needy = [i for i, weights in enumerate(found) if weights is None]
     if needy:
-        _run_all([configs[i][2] for i in needy], weights_store(checkpoints), checkpoints, isolate, True, workers,
-                 progress, labels=[f"{configs[i][0]} seed {configs[i][1]} (weights)" for i in needy])
+        _run_all([configs[i][2] for i in needy], store, checkpoints, isolate, True, workers, progress,
+                 labels=[f"{configs[i][0]} seed {configs[i][1]} (weights)" for i in needy])
         found = [weights if weights is not None else where(i) for i, weights in enumerate(found)]
     moved = [f"{arm} seed {seed}: {weights.record.final.get('val_loss'):.4f} against {record.final.get('val_loss'):.4f}"
              for (arm, seed, _), weights, record in zip(configs, found, stored)

@@ -10,7 +10,7 @@ A stored evaluation must describe the weights it was computed from. Where the we
 the stored training (``store.same_training``), evaluations go to the run's own store, beside its
 record. A run trained again for its weights on another kind of CPU ends a little elsewhere (up to
 ~0.01 nats after 2000 steps); its record goes to a side store under the checkpoints
-(``WEIGHTS_STORE``) and so do evaluations of its weights, never the run's own store, whose record
+(``store.weights_store``) and so do evaluations of its weights, never the run's own store, whose record
 they do not describe (``store.read_evaluations`` would ignore them there anyway: it checks the
 final validation loss they were made with).
 """
@@ -21,26 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from nodelm_lib.training.record import RECORD_NAME, RunRecord
+from nodelm_lib.training.record import RunRecord
 
-from .store import checkpoint_path, read_evaluations, read_record, record_path, same_training, write_evaluations
-
-WEIGHTS_STORE = "retrained_for_weights"  # under the checkpoints folder: records of runs trained again for their weights
-
-
-def weights_store(checkpoints: str | Path) -> Path:
-    """The side store of runs trained again for their weights (module docstring)."""
-    return Path(checkpoints) / WEIGHTS_STORE
-
-
-def weights_record(config_hash: str, checkpoints: str | Path) -> RunRecord | None:
-    """The record of the training whose final model is on disk (``checkpoints/<hash>/record.json``,
-    written when that training ended), or None where no finished training left its weights there."""
-    path = Path(checkpoints) / config_hash / RECORD_NAME
-    if not (path.exists() and checkpoint_path(config_hash, checkpoints).exists()):
-        return None
-    return RunRecord.from_json(path)
-
+from .store import (checkpoint_path, read_evaluations, read_record, record_path, same_training, weights_record,
+                    weights_store, write_evaluations)
 
 def _side_record(config_hash: str, checkpoints: str | Path) -> RunRecord | None:
     path = record_path(weights_store(checkpoints), config_hash)

@@ -29,7 +29,7 @@ from nodelm_lib.training.distributed import launch_context
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 from nodelm_lib.training.integrity import read_evaluations_file, verify_record
 from nodelm_lib.training.loop import train
-from nodelm_lib.training.record import CHECKPOINT_NAME, RunRecord
+from nodelm_lib.training.record import CHECKPOINT_NAME, RECORD_NAME, RunRecord
 
 from . import claims
 from .budget import check_budget
@@ -66,13 +66,47 @@ def checkpoint_path(config_hash: str, checkpoints: str | Path = DEFAULT_CHECKPOI
     return Path(checkpoints) / config_hash / CHECKPOINT_NAME
 
 
+WEIGHTS_STORE = "retrained_for_weights"  # under the checkpoints folder: records of runs trained again for their weights
+
+
+def weights_store(checkpoints: str | Path = DEFAULT_CHECKPOINTS) -> Path:
+    """The side store of runs trained again for their weights that ended elsewhere than their
+    stored records (``train_into_store``)."""
+    return Path(checkpoints) / WEIGHTS_STORE
+
+
+def weights_record(config_hash: str, checkpoints: str | Path = DEFAULT_CHECKPOINTS) -> RunRecord | None:
+    """The record of the training whose final model is on disk (``checkpoints/<hash>/record.json``,
+    written when that training ended), or None where no finished training left its weights there."""
+    path = Path(checkpoints) / config_hash / RECORD_NAME
+    if not (path.exists() and checkpoint_path(config_hash, checkpoints).exists()):
+        return None
+    return RunRecord.from_json(path)
+
+
 def finished_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
                     need_checkpoint: bool = False) -> RunRecord | None:
-    """``stored_record``, or None where ``need_checkpoint`` asks for a final model that is not on disk."""
+    """``stored_record``; with ``need_checkpoint``, the record of the final model on disk (the
+    stored one, or that of a retraining which ended elsewhere: ``weights_record``), or None where
+    no final model is on disk."""
     done = stored_record(tc, store)
-    if done is None or (need_checkpoint and not checkpoint_path(done.config_hash, checkpoints).exists()):
+    if done is None or not need_checkpoint:
+        return done
+    on_disk = weights_record(done.config_hash, checkpoints)
+    if on_disk is None:
         return None
-    return done
+    return done if same_training(on_disk, done) else on_disk
+
+
+def evaluations_store(record: RunRecord, store: str | Path = DEFAULT_STORE,
+                      checkpoints: str | Path = DEFAULT_CHECKPOINTS) -> Path:
+    """The store whose record is ``record``'s training, where evaluations of its weights belong:
+    ``store``, or the side store (``weights_store``) of a retraining that ended elsewhere, so that
+    a committed store never holds evaluations of weights its records do not describe."""
+    path = record_path(store, record.config_hash)
+    if path.exists() and same_training(read_record(path), record):
+        return Path(store)
+    return weights_store(checkpoints)
 
 
 def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
@@ -87,9 +121,11 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
     committed, checkpoints are not). Training is deterministic on one kind of CPU, so the retrained
     run usually ends with the stored record's losses: the stored record then stays as it is (its
     commit, CPU and times are those of the training the tables were built from), and only the
-    weights are new. A retraining that ends elsewhere (another kind of CPU) replaces the record,
-    with a warning, so that the record describes the weights on disk. Returns the stored
-    record; an in-process run also carries the trained model as ``record.model``. While another
+    weights are new. A retraining that ends elsewhere (another kind of CPU) keeps the stored record
+    too, since other tables read it and must not mix CPUs: its own record goes, with a warning,
+    to the side store ``weights_store(checkpoints)``, and ``run`` returns it, as the record of the
+    weights on disk (evaluations of them belong beside it: ``evaluations_store``). Returns the
+    stored record (with ``need_checkpoint``, the record of the final model on disk); an in-process run also carries the trained model as ``record.model``. While another
     worker holds the run's claim (``claims.py``), this waits for it and reads its record. Under a
     time budget (``budget.py``), a run that cannot finish in time raises ``BudgetReached``
     before it starts.
@@ -132,9 +168,11 @@ def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpo
     if record.status in ("completed", "failed") and launch_context().is_main:  # rank 0 of a data-parallel run
         if stored is not None:
             log.warning("run %s (%s, seed %s) trained again for its weights ended elsewhere than its stored "
-                        "record (final %s, stored %s): the record is replaced", config_hash, tc.model.arch, tc.seed,
-                        record.final, stored.final)
-        record.to_json(record_path(store, config_hash))
+                        "record (final %s, stored %s): the stored record is kept, this training's goes to %s",
+                        config_hash, tc.model.arch, tc.seed, record.final, stored.final, weights_store(checkpoints))
+            record.to_json(record_path(weights_store(checkpoints), config_hash))
+        else:
+            record.to_json(record_path(store, config_hash))
     return record
 
 
