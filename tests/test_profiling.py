@@ -28,7 +28,10 @@ def test_peak_memory_sees_live_tensors_and_not_freed_ones():
     assert 39 <= peak < 48, peak
     again, _ = peak_memory_mb(lambda: hold_all(10))  # memory freed by the first call is not reused silently
     assert 39 <= again < 48, again
-    assert peak_memory_mb(lambda: one_at_a_time(10))[0] < 12
+    # freed tensors are not counted (10 of them alive at once would be 40 MiB); the least of three
+    # tries, because the resident set is the whole process's: another thread's allocation during a
+    # try counts too
+    assert min(peak_memory_mb(lambda: one_at_a_time(10))[0] for _ in range(3)) < 12
 
 
 def test_peak_memory_is_not_fooled_by_memory_the_allocator_kept():
