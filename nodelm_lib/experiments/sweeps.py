@@ -25,7 +25,7 @@ from nodelm_lib.runs.budget import BudgetReached
 from nodelm_lib.runs.final_weights import FinalWeights
 from nodelm_lib.runs.records import record_row
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records,
-                                   run, run_hash, same_training, stored_record)
+                                   run, run_hash, stored_record)
 from nodelm_lib.runs.timing import run_times
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 from nodelm_lib.training.flops import forward_flops, training_flops
@@ -138,7 +138,7 @@ def final_weights(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Ite
         found = [weights if weights is not None else where(i) for i, weights in enumerate(found)]
     moved = [f"{arm} seed {seed}: {weights.record.final.get('val_loss'):.4f} against {record.final.get('val_loss'):.4f}"
              for (arm, seed, _), weights, record in zip(configs, found, stored)
-             if weights.record is not record and not same_training(weights.record, record)]
+             if weights.store != Path(store)]  # the side store: a retraining that ended elsewhere
     if moved:
         log.warning("runs trained again for their weights ended elsewhere than their stored records (another kind "
                     "of CPU?); the tables keep the stored records, the analyses use these weights (final "
