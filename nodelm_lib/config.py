@@ -472,8 +472,8 @@ def from_dict(cls: type, d: dict, prefix: str = "") -> Any:
     """Build config ``cls`` from a (possibly nested) dict; unknown keys are errors."""
     if not isinstance(d, dict):
         raise ValueError(f"{prefix.rstrip('.') or cls.__name__} must be a mapping of {cls.__name__} fields, got {d!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
+    hints = dict(_field_types(cls))
+    names = list(hints)
     unknown = sorted(set(d) - set(names))
     if unknown:
         raise ValueError(

@@ -20,7 +20,8 @@ from nodelm_lib.runs import claims
 from nodelm_lib import data
 from nodelm_lib.reporting import comparisons
 from nodelm_lib.cli import main as cli_main
-from nodelm_lib.training.integrity import CheckpointError, RecordError, check_store, quarantine
+from nodelm_lib.training.integrity import (DIGEST_KEY, CheckpointError, RecordError, check_store, digest,
+                                          parsed_digest, quarantine)
 from nodelm_lib.runs.records import record_row
 from nodelm_lib.runs.store import load_records, read_record, record_path, stored_record
 
@@ -68,6 +69,18 @@ def test_a_stored_record_reads_back_verified_and_carries_a_digest(store):
     assert record.status == "completed" and record.config_hash == path_of(store, 0).stem
     assert "digest" in json.loads(path_of(store, 0).read_text())
     assert check_store(store) == []
+
+
+def test_the_digest_of_a_record_read_back_is_the_digest_it_was_written_with():
+    """Reading skips the JSON round trip of ``digest`` (``parsed_digest``): for every value a
+    record can hold, the digest of the parsed text must be the one computed when writing."""
+    data = {"config": {"lr": 3e-3, "seed": 0, "steps": (1, 2)}, "final": {"val_loss": float("nan"),
+            "bpc": float("inf"), "zero": -0.0}, "metrics": [{"step": 1, "loss": 5.563106060028076}],
+            "by_width": {64: 1.5, 128: 2 ** 70}, "note": "Lyapunov λ ≥ 0", "error": None, "b": True}
+    written = {**data, DIGEST_KEY: digest(data)}
+    parsed = json.loads(json.dumps(written, indent=1))
+    assert parsed_digest(parsed) == digest(data) == parsed[DIGEST_KEY]
+    assert parsed_digest(parsed) != parsed_digest({**parsed, "b": False})  # it still sees each value
 
 
 def test_cached_loading_reads_only_new_or_changed_records_and_still_verifies_them(store, monkeypatch):
