@@ -76,8 +76,7 @@ def main() -> None:
 
     records = [r for r in load_records(args.store)
                if r.status == "completed" and r.metrics and r.wall_time_s >= r.train_time_s > 0]
-    cache: dict = {}
-    rows = timing.record_timings(records, cache).reset_index(drop=True)
+    rows = timing.record_timings(records).reset_index(drop=True)
     if args.replay:
         changes = {}
         for item in args.set:
@@ -98,7 +97,7 @@ def main() -> None:
             others = rows.drop(index=i)
         if others.empty:
             continue
-        est = timing.times_from([r.train_config], others, cache, machine=rows.loc[i, "machine"]).iloc[0]
+        est = timing.times_from([r.train_config], others, machine=rows.loc[i, "machine"]).iloc[0]
         out.append({"steps": rows.loc[i, "steps"], "machine": rows.loc[i, "machine"], "arch": rows.loc[i, "arch"],
                     "ratio": (est["seconds"] + timing.STARTUP_S) / r.wall_time_s,
                     "old_ratio": per_step_estimate(rows, i, r.config["max_steps"]) / r.wall_time_s,

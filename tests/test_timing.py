@@ -15,6 +15,7 @@ from nodelm_lib.runs import timing
 from nodelm_lib.runs.budget import estimate_run_s
 from nodelm_lib.runs.store import load_records
 from nodelm_lib.training.evaluation import scored_tokens
+from nodelm_lib.training.flops import forward_flops
 from nodelm_lib.training.profiling import cpu_description
 
 HERE = cpu_description()
@@ -118,7 +119,7 @@ def test_this_machines_records_come_first_and_another_machines_are_named(tmp_pat
 
 def test_step_times_are_measured_for_a_stored_model_and_scaled_by_flops_for_another_width(tmp_path):
     configs = width_configs(["gpt", "ti_mlp"], [16, 32, 64])
-    flops = {name: timing._flops(tc, {}) for name, tc in configs.items()}
+    flops = {name: forward_flops(tc) for name, tc in configs.items()}
     # gpt at 16 and 32: a + b F with a fixed share of 0.25 at d=32; ti_mlp measured at 32 only
     b = 0.75 * 0.1 / flops["gpt d=32"]
     a = 0.1 - b * flops["gpt d=32"]
@@ -143,10 +144,41 @@ def test_an_arm_with_no_record_of_its_own_or_of_gpt_is_priced_from_another_arm_o
     other_shape = nl.config.with_values(configs["ssm d=16"], {"batch_size": 3})
     records = [r for r in load_records(tmp_path) if r.config["model"]["arch"] == "ti_mlp"]
     got = timing.run_times([configs["ssm d=16"], other_shape], records)
-    flops = timing._flops(configs["ssm d=16"], {}) / timing._flops(configs["ti_mlp d=16"], {})
+    flops = forward_flops(configs["ssm d=16"]) / forward_flops(configs["ti_mlp d=16"])
     assert got["s_per_step"].iloc[0] == pytest.approx(0.2 * flops, rel=1e-6)  # one width: no fixed share
     assert "no record of this arm or of gpt: ti_mlp's" in got["source"].iloc[0]
     assert math.isnan(got["seconds"].iloc[1]) and got["source"].iloc[1] == "no record of this arm or of gpt"
     # with gpt's record in the store, gpt prices the arm as before
     with_gpt = timing.run_times([configs["ssm d=16"]], load_records(tmp_path))
     assert "gpt's" in with_gpt["source"].iloc[0]
+
+
+def test_a_models_flops_are_counted_once_per_shape_in_a_process(monkeypatch):
+    """An estimate over a store prices hundreds of records of a few shapes: ``forward_flops``
+    counts each (model, sequence length, batch) once, and a copy of a config is the same shape."""
+    from nodelm_lib.training import flops
+
+    counts = []
+    real = flops._count_forward_flops
+    monkeypatch.setattr(flops, "_COUNTED", {})
+    monkeypatch.setattr(flops, "_count_forward_flops", lambda *a: counts.append(a[1:]) or real(*a))
+    first = forward_flops(tiny())
+    assert forward_flops(tiny(seed=3, lr=5e-3)) == first and counts == [(16, 2)]  # same model and shape
+    assert forward_flops(tiny(), batch_size=1) == first and counts == [(16, 2), (16, 1)]  # gpt: no per-pass cost
+    assert forward_flops(tiny(model=nl.ModelConfig(arch="gpt", d_model=32, n_heads=2, n_layers=1,
+                                                   max_seq_len=16))) > first
+    assert len(counts) == 3 and first == real(flops._model_with_vocab(tiny()), 16, 2)
+
+
+def test_a_records_timing_row_takes_its_own_flop_count_at_its_batch(monkeypatch):
+    """``record_timings`` reads a record's FLOPs from the record where it counted them at the
+    whole batch (``store.read_record`` makes sure it has), and counts a data-parallel record's
+    (per rank) again at the whole batch, as a config is counted."""
+    from nodelm_lib.training import flops
+
+    monkeypatch.setattr(flops, "_COUNTED", {})
+    whole = fake_record(tiny(), 0.1, flops_per_token=123.0, flops_batch_size=2)
+    per_rank = fake_record(tiny(seed=1), 0.1, flops_per_token=123.0, flops_batch_size=1)
+    rows = timing.record_timings([whole, per_rank])
+    assert rows["flops"].tolist() == [123.0, forward_flops(tiny())]
+    assert len(flops._COUNTED) == 1  # the first row counted nothing

@@ -1,7 +1,7 @@
 """How long a sweep's runs take, from the per-step times of a store's records (notebook 07's
 estimate; any notebook with phases of ``(name, TrainConfig)`` runs can use it).
 
-Each run costs its steps times its seconds per step plus its scoring (``runs.timing.run_times``)
+Each run costs its steps times its seconds per step plus its scoring (``runs.timing.times_from``)
 plus ``STARTUP_S``, and the runs of a phase are packed onto ``workers`` lanes longest first
 (``makespan``).
 """
@@ -16,7 +16,7 @@ import pandas as pd
 
 from nodelm_lib.config import TrainConfig
 from nodelm_lib.runs.store import finished_record, load_records
-from nodelm_lib.runs.timing import STARTUP_S, run_times
+from nodelm_lib.runs.timing import STARTUP_S, record_timings, times_from
 
 from .sweeps import resolve_workers
 
@@ -66,9 +66,10 @@ def time_estimate(phases: Mapping[str, list[tuple[str, TrainConfig]]], timing_st
     store and, with ``store``, for the runs it lacks. A run costs its steps x seconds per step + its
     scoring + ``startup_s``."""
     workers = resolve_workers(workers, [tc for labelled in phases.values() for _, tc in labelled], timing_store)
+    timings = record_timings(load_records(timing_store, cached=True))
     rows = []
     for phase, labelled in phases.items():
-        times = run_times([tc for _, tc in labelled], load_records(timing_store))
+        times = times_from([tc for _, tc in labelled], timings)
         for (cell, tc), (_, s) in zip(labelled, times.iterrows()):
             rows.append({"phase": phase, "cell": cell, "steps": tc.max_steps, "s_per_step": s["s_per_step"],
                          "source": s["source"], "seconds": s["seconds"] + startup_s,

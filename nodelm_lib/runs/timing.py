@@ -30,6 +30,7 @@ import pandas as pd
 
 from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.training.evaluation import scored_tokens, with_tokenizer_vocab
+from nodelm_lib.training.flops import forward_flops
 from nodelm_lib.training.record import RunRecord
 
 # process start-up of an isolated run, which its record does not time (the interpreter, torch and the
@@ -54,16 +55,6 @@ def _shape_key(config: dict) -> str:
 
 def _normalized(tc: TrainConfig) -> dict:
     return to_dict(with_tokenizer_vocab(tc))
-
-
-def _flops(tc: TrainConfig, cache: dict) -> float:
-    """Forward FLOPs per token of ``tc`` (counted once per model and shape)."""
-    from nodelm_lib.training.flops import forward_flops
-
-    key = _run_key(_normalized(tc))
-    if key not in cache:
-        cache[key] = forward_flops(tc)
-    return cache[key]
 
 
 def machine_of(environment: dict) -> str:
@@ -103,11 +94,10 @@ def recorded_scored_tokens(record: RunRecord, tc: TrainConfig | None = None) -> 
     return len(record.evals) * curve + extra + test
 
 
-def record_timings(records: Iterable[RunRecord], cache: dict | None = None) -> pd.DataFrame:
+def record_timings(records: Iterable[RunRecord]) -> pd.DataFrame:
     """One row per completed record: exact and width-free keys, arch, width, CPU, seconds per
     training step, the seconds of its wall time spent outside training steps (scoring, setting up)
-    with the tokens it scored, and forward FLOPs per token (``cache``: FLOPs counted so far)."""
-    cache = {} if cache is None else cache
+    with the tokens it scored, and forward FLOPs per token."""
     rows = []
     for r in records:
         steps = len(r.metrics)
@@ -121,9 +111,18 @@ def record_timings(records: Iterable[RunRecord], cache: dict | None = None) -> p
                      "width": c["model"]["d_model"], "cpu": r.environment.get("cpu_capability", "?"),
                      "machine": machine_of(r.environment),
                      "s_per_step": r.train_time_s / steps, "other_s": r.wall_time_s - r.train_time_s,
-                     "scored": recorded_scored_tokens(r, tc), "flops": _flops(tc, cache)})
+                     "scored": recorded_scored_tokens(r, tc), "flops": _record_flops(r, tc)})
     return pd.DataFrame(rows, columns=["key", "family", "shape", "arch", "reference", "width", "cpu", "machine",
                                        "s_per_step", "other_s", "scored", "flops"])
+
+
+def _record_flops(record: RunRecord, tc: TrainConfig) -> float:
+    """Forward FLOPs per token of a record's run at its whole batch, as ``forward_flops`` counts a
+    config's: the record's own count where it was made at that batch (``store.read_record`` counts
+    again any made at another), else counted (a data-parallel record's is per rank)."""
+    if record.flops_batch_size == tc.batch_size and record.flops_per_token > 0:
+        return record.flops_per_token
+    return forward_flops(tc)
 
 
 def fixed_share(timings: pd.DataFrame) -> float:
@@ -173,15 +172,12 @@ def run_times(configs: list[TrainConfig], records: Iterable[RunRecord]) -> pd.Da
     sequence length, device and dtype (a GPU sweep in chunks meets arms before gpt's records come
     home), scaled as ``share + (1 - share) F / F_measured`` with ``fixed_share`` ("scaled"); NaN
     without any."""
-    cache: dict = {}
-    return times_from(configs, record_timings(records, cache), cache)
+    return times_from(configs, record_timings(records))
 
 
-def times_from(configs: list[TrainConfig], timings: pd.DataFrame, cache: dict | None = None,
-               machine: str | None = None) -> pd.DataFrame:
-    """``run_times`` from the rows ``record_timings`` made of the records (``cache``: FLOPs counted so
-    far), as on ``machine`` (``machine_of`` a record's environment; by default ``this_machine``)."""
-    cache = {} if cache is None else cache
+def times_from(configs: list[TrainConfig], timings: pd.DataFrame, machine: str | None = None) -> pd.DataFrame:
+    """``run_times`` from the rows ``record_timings`` made of the records, as on ``machine``
+    (``machine_of`` a record's environment; by default ``this_machine``)."""
     share = fixed_share(timings)
     rows = []
     for tc in configs:
@@ -193,7 +189,7 @@ def times_from(configs: list[TrainConfig], timings: pd.DataFrame, cache: dict | 
         same, whose = timings[timings["family"] == _run_key(c, width=False)], "its own"
         if same.empty:
             same, whose = timings[timings["reference"]], "no record of this arm: gpt's"
-        flops = _flops(tc, cache)
+        flops = forward_flops(tc)
         if same.empty:
             same, whose = timings[timings["shape"] == _shape_key(c)], None
             if same.empty:

@@ -75,16 +75,28 @@ def forward_flops(tc: TrainConfig, batch_size: int | None = None) -> float:
 
     Fixed-step models are built on the meta device (no memory, no time) where they can be; others
     (an adaptive solver, whose steps at initialisation are what is counted) on the CPU.
-    The global random state is left as it was.
+    The global random state is left as it was. A count is made once per model, sequence length and
+    batch in a process: a time estimate prices hundreds of records of a few dozen shapes.
     """
     cfg = _model_with_vocab(tc)
     batch_size = tc.batch_size if batch_size is None else batch_size
+    key = (repr(dataclasses.asdict(cfg)), tc.seq_len, batch_size)
+    if key not in _COUNTED:
+        _COUNTED[key] = _count_forward_flops(cfg, tc.seq_len, batch_size)
+    return _COUNTED[key]
+
+
+# forward_flops per (model config, sequence length, batch): a count is a pure function of these
+_COUNTED: dict[tuple[str, int, int], float] = {}
+
+
+def _count_forward_flops(cfg, seq_len: int, batch_size: int) -> float:
     try:
         with torch.device("meta"):
-            return forward_flops_per_token(build_model(cfg), tc.seq_len, batch_size)
+            return forward_flops_per_token(build_model(cfg), seq_len, batch_size)
     except (NotImplementedError, RuntimeError):  # values read on the host (step control, unique times): meta has none
         with torch.random.fork_rng(devices=[]):
-            return forward_flops_per_token(build_model(cfg), tc.seq_len, batch_size)
+            return forward_flops_per_token(build_model(cfg), seq_len, batch_size)
 
 
 
