@@ -147,3 +147,32 @@ def test_slurm_jobs_must_state_their_time_limit():
         launch._with_time_limit("slurm", {})
     assert launch._with_time_limit("slurm", {"timeout_min": 60}) == {"timeout_min": 60}
     assert launch._with_time_limit("local", {})["timeout_min"] == launch.LOCAL_TIMEOUT_MIN
+
+
+def test_a_job_that_retrains_a_run_for_its_weights_keeps_the_stored_record(tmp_path, caplog):
+    """A launcher's job with ``need_checkpoint`` on a clone (records, no weights) trains the run
+    again; where that training ends elsewhere than the stored record (another kind of CPU), the
+    stored record stays byte for byte and the retraining's record goes to the side store, as
+    ``run`` does (both go through ``store.train_into_store``)."""
+    import json
+    import shutil
+
+    from conftest import as_if_trained_elsewhere
+    from nodelm_lib.config import to_dict
+    from nodelm_lib.runs.final_weights import weights_store
+
+    store, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    config_hash = nl.run(tiny(), store=store, checkpoints=ckpt, need_checkpoint=True).config_hash
+    path = record_path(store, config_hash)
+    stored = as_if_trained_elsewhere(path)
+    before = path.read_bytes()
+    shutil.rmtree(ckpt / config_hash)
+    job = launch.RunJob()
+    assert job(to_dict(tiny()), str(store), str(ckpt))["outcome"] == "recorded"  # the record is enough
+    with caplog.at_level("WARNING"):
+        done = job(to_dict(tiny()), str(store), str(ckpt), need_checkpoint=True)
+    assert done == {"config_hash": config_hash, "outcome": "trained", "status": "completed"}
+    assert path.read_bytes() == before and "ended elsewhere than its stored record" in caplog.text
+    side = json.loads(record_path(weights_store(ckpt), config_hash).read_text())
+    assert side["final"]["val_loss"] != stored.final["val_loss"] and (ckpt / config_hash / "checkpoint.pt").exists()
+    assert job(to_dict(tiny()), str(store), str(ckpt), need_checkpoint=True)["outcome"] == "recorded"
