@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import op_times  # noqa: E402
 import record  # noqa: E402
 import scan  # noqa: E402
+import store_read  # noqa: E402
 import time_estimate  # noqa: E402
 from head_loss import padded_cross_entropy  # noqa: E402
 from nodelm_lib.models.scans import linear_recurrence_reference  # noqa: E402
@@ -316,3 +317,25 @@ def test_the_time_estimate_bench_prices_each_record_from_the_others_and_replays_
     minutes = {"selection": 2 * run / 60, "reported": run / 60}
     assert f"selection {minutes['selection']:.0f} min, reported {minutes['reported']:.0f} min" in out
     assert "selection runs with {'score_test': False}" in out and "(from this machine's records)" in out
+
+
+def test_the_store_read_bench_times_each_part_against_parsing(capsys, monkeypatch, tmp_path):
+    """On a store of two real records: a row per part, each with its ratio to parsing alone (1.00x
+    for parsing itself); a store without records is refused."""
+    import nodelm_lib as nl
+
+    model = nl.ModelConfig(arch="gpt", vocab_size=256, d_model=16, n_heads=2, n_layers=1, max_seq_len=16)
+    for seed in (0, 1):
+        nl.run(nl.TrainConfig(model=model, batch_size=2, seq_len=16, max_steps=4, eval_interval=2, eval_batches=1,
+                              progress=False, device="cpu", seed=seed), store=tmp_path / "runs", checkpoints=tmp_path / "ckpt")
+    monkeypatch.setattr(sys, "argv", ["store_read.py", str(tmp_path / "runs"), "--repeat", "1"])
+    store_read.main()
+    out = capsys.readouterr().out
+    assert "2 records" in out and "1.00x parse" in out
+    names = ["parse", "parse + digest", "parse + digest (round trip)", "load_records", "timing rows",
+             "FLOPs counted for every shape"]
+    rows = {line.split("  ")[1].strip(): line for line in out.splitlines()[1:]}
+    assert sorted(rows) == sorted(names)
+    with pytest.raises(SystemExit, match="no records in"):
+        monkeypatch.setattr(sys, "argv", ["store_read.py", str(tmp_path)])
+        store_read.main()
