@@ -26,6 +26,7 @@ from nodelm_lib.training.record import RunRecord
 from .store import (checkpoint_path, evaluations_store, finished_record, read_evaluations, read_record, record_path,
                     weights_store, write_evaluations)
 
+
 def _side_record(config_hash: str, checkpoints: str | Path) -> RunRecord | None:
     path = record_path(weights_store(checkpoints), config_hash)
     return read_record(path) if path.exists() else None
