@@ -60,6 +60,9 @@ KERNEL_ENV := env -u MPLBACKEND
 
 PYTEST_FLAGS    ?=
 NBVAL_FLAGS     ?= --nbval-current-env
+# Test processes (pytest-xdist): auto is one per CPU core; 0 runs everything in this process.
+# nbval keeps each notebook's cells on one worker (--dist loadfile): they share one kernel.
+TEST_WORKERS    ?= auto
 PAPERMILL_FLAGS ?=
 
 torch_index_opt = $(if $(strip $(TORCH_INDEX)),--index-url $(strip $(TORCH_INDEX)))
@@ -87,7 +90,7 @@ help:
 	@echo "  clean       remove executed notebooks, caches, checkpoints, __pycache__"
 	@echo "  distclean   clean, and remove $(VENV)"
 	@echo "  notebooks:  $(foreach nb,$(NOTEBOOKS),$(nb)$(if $(call nb_alias,$(nb)), (alias $(call nb_alias,$(nb)))))"
-	@echo "variables: PYTHON=$(PYTHON) PROFILE=cpu|gpu|smoke TORCH_SPEC=... TORCH_INDEX=<url>"
+	@echo "variables: PYTHON=$(PYTHON) PROFILE=cpu|gpu|smoke TORCH_SPEC=... TORCH_INDEX=<url> TEST_WORKERS=auto|N|0"
 
 # ---------------------------------------------------------------- environment
 
@@ -124,7 +127,7 @@ cd "$(ROOT)" && $(VENV)/bin/lint-imports --no-cache
 endef
 
 define run_unit
-$(VPY) -m pytest $(PYTEST_FLAGS)
+$(VPY) -m pytest -n $(TEST_WORKERS) $(PYTEST_FLAGS)
 endef
 
 # pytest exits 5 when it collects nothing (no notebooks yet): success for this step only.
@@ -133,8 +136,8 @@ define run_nbval
   echo ">> nbval: no notebooks/*.ipynb yet; skipping"; \
 else \
   rc=0; \
-  echo "$(KERNEL_ENV) $(VPY) -m pytest --nbval $(NBVAL_FLAGS) $(PYTEST_FLAGS) notebooks/"; \
-  $(KERNEL_ENV) $(VPY) -m pytest --nbval $(NBVAL_FLAGS) $(PYTEST_FLAGS) notebooks/ || rc=$$?; \
+  echo "$(KERNEL_ENV) $(VPY) -m pytest --nbval $(NBVAL_FLAGS) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_FLAGS) notebooks/"; \
+  $(KERNEL_ENV) $(VPY) -m pytest --nbval $(NBVAL_FLAGS) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_FLAGS) notebooks/ || rc=$$?; \
   if [ $$rc -eq 5 ]; then echo ">> nbval: no notebook tests collected; ok"; rc=0; fi; \
   exit $$rc; \
 fi

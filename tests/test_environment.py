@@ -201,3 +201,16 @@ def test_makefile_has_a_target_per_notebook():
     assert not missing, (
         "notebooks without a Makefile target (add them to NOTEBOOKS := ...): "
         + ", ".join(missing))
+
+
+def test_a_test_worker_takes_only_its_share_of_the_cores():
+    """Under pytest-xdist (``make test``), the workers' torch threads together fit the cores, and
+    the processes a test starts inherit the same share (tests/conftest.py)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers == 1:
+        pytest.skip("one test process: it keeps torch's own thread count")
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"])
+    assert torch.get_num_threads() * workers <= max(cores, workers)
