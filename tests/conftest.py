@@ -1,27 +1,13 @@
-"""What several test files share: each pytest-xdist worker's share of the cores, the data fixtures
-(no hub, no stray data variables, the offline data dir), a check that every parameter gets a
-gradient, and a fake finished run record."""
+"""What several test files share: the data fixtures (no hub, no stray data variables, the offline
+data dir), a check that every parameter gets a gradient, and a fake finished run record. (Each
+pytest-xdist worker's share of the cores is set in the repository's conftest.py.)"""
 
-import os
 from pathlib import Path
 
 import pytest
 
 from nodelm_lib import data
 from nodelm_lib.data import sources
-
-
-def pytest_configure(config):
-    """Under pytest-xdist (``make test`` runs one worker per core) each worker takes its share of
-    the cores, for torch here and for the processes it starts (OMP_NUM_THREADS): two workers of two
-    OpenMP threads each on two cores spin against each other and run many times slower than one.
-    An OMP_NUM_THREADS set by the caller wins."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1 and "PYTEST_XDIST_WORKER" in os.environ:
-        import torch
-
-        share = max(1, len(os.sched_getaffinity(0)) // workers)
-        torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", str(share))))
 
 
 @pytest.fixture

@@ -205,7 +205,7 @@ def test_makefile_has_a_target_per_notebook():
 
 def test_a_test_worker_takes_only_its_share_of_the_cores():
     """Under pytest-xdist (``make test``), the workers' torch threads together fit the cores, and
-    the processes a test starts inherit the same share (tests/conftest.py)."""
+    the processes a test starts inherit the same share (conftest.py)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers == 1:
         pytest.skip("one test process: it keeps torch's own thread count")
