@@ -4,6 +4,7 @@ bootstrap's coverage, the iso read-offs, the reuse of notebook 02's runs, and cl
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,49 @@ def test_the_log_linear_fit_is_numpy_least_squares_and_its_slope_per_doubling():
     b, a = np.polyfit(np.log(x), y, 1)
     assert (trend.params["a"], trend.params["b"]) == pytest.approx((a, b), rel=1e-12)
     assert trend.slope_per_doubling(3e5) == pytest.approx(b * math.log(2))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_power_law_profile_is_scipys_non_negative_least_squares(seed):
+    """The closed-form two-unknown NNLS, interior and on each face (E = 0, A' = 0, both), against
+    scipy's active-set solver: the same residual, and coefficients where the optimum is unique."""
+    rng = np.random.default_rng(seed)
+    u = rng.normal(0, 1, 12)
+    alpha = float(rng.choice([1e-3, 0.3, 2.0]))
+    v = np.exp(-alpha * u)
+    E, A = rng.choice([-1.0, 0.0, 1.5]), rng.choice([-2.0, 0.0, 3.0])
+    y = E + A * v + rng.normal(0, 0.05, u.size)
+    (E_fit, A_fit), rss = trends._power_profile(u.tolist(), y.tolist(), alpha)
+    ref, rnorm = optimize.nnls(np.column_stack([np.ones_like(u), v]), y)
+    assert E_fit >= 0 and A_fit >= 0
+    assert rss == pytest.approx(rnorm ** 2, rel=1e-9, abs=1e-12)
+    assert (E_fit, A_fit) == pytest.approx(tuple(ref), rel=1e-6, abs=1e-9)
+
+
+def test_the_scaling_analysis_does_not_depend_on_the_blas_kernels(tmp_path):
+    """07's fits, bootstrap and tests use no BLAS and no vector exp/log: run under two of
+    OpenBLAS's kernel sets (as on two kinds of CPU) they write the same bytes. Before, a
+    least-squares solve through the BLAS moved the committed tests in the 15th digit."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(3)
+    rows = [{"arm": arm, "seed": seed, "width": w, "params": 1e5 * w, "flops": 3e8 * w,
+             "test_loss": power(1e5 * w, 1.4, 60.0 + 5 * (arm == "b"), 0.3) + rng.normal(0, 0.01)}
+            for arm in ("gpt", "b") for seed in range(3) for w in (1, 2, 4, 8, 16)]
+    pd.DataFrame(rows).to_csv(tmp_path / "points.csv", index=False)
+    script = ("import sys, pandas as pd\n"
+              "from nodelm_lib.reporting import trends\n"
+              "p = pd.read_csv(sys.argv[1])\n"
+              "fit = lambda q: pd.Series({(a, k): v for a, g in q.groupby('arm')\n"
+              "    for k, v in trends.fit_trend(g['params'], g['test_loss']).params.items()})\n"
+              "print(trends.bootstrap(p, fit, n_boot=200).to_csv(), trends.jackknife(p, fit).to_csv())\n")
+    outputs = []
+    for core in ("Haswell", "Sandybridge"):
+        env = {**os.environ, "OPENBLAS_CORETYPE": core}
+        outputs.append(subprocess.run([sys.executable, "-c", script, str(tmp_path / "points.csv")], env=env,
+                                      check=True, capture_output=True, text=True).stdout)
+    assert outputs[0] == outputs[1]
 
 
 def test_the_power_law_slope_per_doubling_is_its_derivative_in_log2_x():

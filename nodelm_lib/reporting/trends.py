@@ -60,7 +60,34 @@ FORMS = (POWER_LAW, LOG_LINEAR)
 # the exponents searched: below 1e-3 a power law is a log-linear line over any range measured here,
 # above 4 it is a step
 ALPHA_BOUNDS = (1e-3, 4.0)
-_ALPHA_GRID = np.geomspace(*ALPHA_BOUNDS, 121)
+
+
+# Every fit below uses only arithmetic that rounds the same on every CPU: elementwise + - * /,
+# exactly rounded sums (math.fsum), and the C library's exp, log and pow one number at a time.
+# numpy's own exp/log/power take other vector code on an AVX-512 CPU than on an AVX2 one, and a
+# least-squares solve through the BLAS picks its kernels by CPU; either moved 07's committed tables
+# in the 15th digit on another machine, so that a rebuild from the same records did not write the
+# same bytes.
+def _exp(a) -> np.ndarray:
+    a = np.asarray(a, dtype=float)
+    return np.fromiter(map(math.exp, a.ravel().tolist()), float, a.size).reshape(a.shape)
+
+
+def _log(a) -> np.ndarray:
+    a = np.asarray(a, dtype=float)
+    return np.fromiter(map(math.log, a.ravel().tolist()), float, a.size).reshape(a.shape)
+
+
+def _pow(a, p: float) -> np.ndarray:
+    a = np.asarray(a, dtype=float)
+    return np.fromiter((math.pow(v, p) for v in a.ravel().tolist()), float, a.size).reshape(a.shape)
+
+
+def _sum(a) -> float:
+    return math.fsum(np.asarray(a, dtype=float).ravel().tolist())
+
+
+_ALPHA_GRID = _exp(np.linspace(math.log(ALPHA_BOUNDS[0]), math.log(ALPHA_BOUNDS[1]), 121))
 
 
 @dataclass(frozen=True)
@@ -81,8 +108,8 @@ class Trend:
         """The fitted loss at ``x``."""
         x = _positive(x, "x")
         if self.form == POWER_LAW:
-            return self.params["E"] + self.params["A"] * x ** -self.params["alpha"]
-        return self.params["a"] + self.params["b"] * np.log(x)
+            return self.params["E"] + self.params["A"] * _pow(x, -self.params["alpha"])
+        return self.params["a"] + self.params["b"] * _log(x)
 
     def slope_per_doubling(self, x) -> np.ndarray:
         """dL / d log2(x) at ``x``: the change of the fitted loss per doubling of x there
@@ -90,7 +117,7 @@ class Trend:
         x = _positive(x, "x")
         if self.form == POWER_LAW:
             p = self.params
-            return -p["alpha"] * p["A"] * x ** -p["alpha"] * math.log(2)
+            return -p["alpha"] * p["A"] * _pow(x, -p["alpha"]) * math.log(2)
         return np.full(x.shape, self.params["b"] * math.log(2))
 
     def extrapolates(self, x) -> np.ndarray:
@@ -123,25 +150,49 @@ def _check_points(x, y) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _linear_fit(design: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-    return coef, float(np.sum((y - design @ coef) ** 2))
+def _line_fit(v: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """``y = a + b v`` by least squares, in closed form (centred, so as accurate as a QR solve)."""
+    v_mean, y_mean = _sum(v) / len(v), _sum(y) / len(y)
+    dv = v - v_mean
+    b = _sum(dv * (y - y_mean)) / _sum(dv * dv)
+    return y_mean - b * v_mean, b
 
 
 def fit_log_linear(x, y) -> Trend:
     """``L = a + b ln x`` by least squares."""
     x, y = _check_points(x, y)
-    (a, b), _ = _linear_fit(np.column_stack([np.ones_like(x), np.log(x)]), y)
+    a, b = _line_fit(_log(x), y)
     return Trend(LOG_LINEAR, {"a": float(a), "b": float(b)}, float(x.min()), float(x.max()), len(x),
                  len(np.unique(x)))
 
 
-def _power_profile(u: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
+def _power_profile(u: list, y: list, alpha: float) -> tuple[tuple[float, float], float]:
     """For a fixed exponent the power law is linear in (E, A'): L = E + A' exp(-alpha u), with
     u = ln(x / x0). Non-negative least squares for them (E >= 0: a cross-entropy; A' >= 0: a
-    falling curve) and the residual sum of squares (variable projection)."""
-    coef, rnorm = optimize.nnls(np.column_stack([np.ones_like(u), np.exp(-alpha * u)]), y)
-    return coef, float(rnorm) ** 2
+    falling curve) and the residual sum of squares (variable projection).
+
+    With two unknowns the constrained optimum is the unconstrained one when it is feasible, else
+    the best of the faces: A' = 0 (E the mean), E = 0 (A' through the origin), or both 0. Plain
+    floats: a fit calls this some 150 times on a few dozen points, where numpy's per-call cost
+    would dominate."""
+    v = [math.exp(-alpha * ui) for ui in u]
+
+    def rss(E: float, A: float) -> float:
+        return math.fsum([(yi - (E + A * vi)) * (yi - (E + A * vi)) for vi, yi in zip(v, y)])
+
+    n = len(v)
+    v_mean, y_mean = math.fsum(v) / n, math.fsum(y) / n
+    dv = [vi - v_mean for vi in v]
+    svv = math.fsum([d * d for d in dv])
+    if svv > 0:
+        A = math.fsum([d * (yi - y_mean) for d, yi in zip(dv, y)]) / svv
+        E = y_mean - A * v_mean
+        if E >= 0 and A >= 0:
+            return (E, A), rss(E, A)
+    through_origin = math.fsum([vi * yi for vi, yi in zip(v, y)]) / math.fsum([vi * vi for vi in v])
+    faces = [(max(y_mean, 0.0), 0.0), (0.0, max(through_origin, 0.0))]
+    E, A = min(faces, key=lambda c: rss(*c))
+    return (E, A), rss(E, A)
 
 
 def fit_power_law(x, y) -> tuple[Trend, str]:
@@ -152,15 +203,15 @@ def fit_power_law(x, y) -> tuple[Trend, str]:
     alpha): a grid, then Brent's method between the best point's neighbours. x is scaled by its
     geometric mean while fitting (A would otherwise span tens of orders of magnitude)."""
     x, y = _check_points(x, y)
-    x0 = float(np.exp(np.mean(np.log(x))))
-    u = np.log(x / x0)
-    rss = np.array([_power_profile(u, y, a)[1] for a in _ALPHA_GRID])
+    x0 = math.exp(_sum(_log(x)) / len(x))
+    u, ys = _log(x / x0).tolist(), y.tolist()
+    rss = np.array([_power_profile(u, ys, a)[1] for a in _ALPHA_GRID])
     i = int(np.argmin(rss))
-    lo, hi = np.log(_ALPHA_GRID[max(i - 1, 0)]), np.log(_ALPHA_GRID[min(i + 1, len(_ALPHA_GRID) - 1)])
-    best = optimize.minimize_scalar(lambda la: _power_profile(u, y, math.exp(la))[1], bounds=(lo, hi),
+    lo, hi = math.log(_ALPHA_GRID[max(i - 1, 0)]), math.log(_ALPHA_GRID[min(i + 1, len(_ALPHA_GRID) - 1)])
+    best = optimize.minimize_scalar(lambda la: _power_profile(u, ys, math.exp(la))[1], bounds=(lo, hi),
                                     method="bounded", options={"xatol": 1e-10})
     alpha = math.exp(best.x) if best.fun <= rss[i] else float(_ALPHA_GRID[i])
-    (E, A0), _ = _power_profile(u, y, alpha)
+    (E, A0), _ = _power_profile(u, ys, alpha)
     at_bound = ""
     if A0 <= 0:
         at_bound = "A at 0: the loss does not fall with x"
@@ -168,12 +219,13 @@ def fit_power_law(x, y) -> tuple[Trend, str]:
         at_bound = "E at 0: the points show no saturation (the log-linear limit)"
     elif not ALPHA_BOUNDS[0] * (1 + 1e-6) < alpha < ALPHA_BOUNDS[1] * (1 - 1e-6):
         at_bound = f"alpha at its bound {alpha:.3g}"
-    params = {"E": float(E), "A": float(A0 * x0 ** alpha), "alpha": float(alpha)}
+    params = {"E": float(E), "A": float(A0 * math.pow(x0, alpha)), "alpha": float(alpha)}
     return Trend(POWER_LAW, params, float(x.min()), float(x.max()), len(x), len(np.unique(x))), at_bound
 
 
 def _rss(trend: Trend, x: np.ndarray, y: np.ndarray) -> float:
-    return float(np.sum((y - trend(x)) ** 2))
+    r = y - trend(x)
+    return _sum(r * r)
 
 
 def curvature_test(x, y, power: Trend, line: Trend) -> float:
