@@ -60,9 +60,11 @@ KERNEL_ENV := env -u MPLBACKEND
 
 PYTEST_FLAGS    ?=
 NBVAL_FLAGS     ?= --nbval-current-env
-# Test processes (pytest-xdist): auto is one per CPU core; 0 runs everything in this process.
+# Test processes (pytest-xdist): auto is one per CPU core, at most 8 (each imports torch); 0 runs
+# everything in this process.
 # nbval keeps each notebook's cells on one worker (--dist loadfile): they share one kernel.
 TEST_WORKERS    ?= auto
+xdist_opt = -n $(TEST_WORKERS) --maxprocesses 8
 PAPERMILL_FLAGS ?=
 
 torch_index_opt = $(if $(strip $(TORCH_INDEX)),--index-url $(strip $(TORCH_INDEX)))
@@ -127,7 +129,7 @@ cd "$(ROOT)" && $(VENV)/bin/lint-imports --no-cache
 endef
 
 define run_unit
-$(VPY) -m pytest -n $(TEST_WORKERS) $(PYTEST_FLAGS)
+$(VPY) -m pytest $(xdist_opt) $(PYTEST_FLAGS)
 endef
 
 # pytest exits 5 when it collects nothing (no notebooks yet): success for this step only.
@@ -136,8 +138,8 @@ define run_nbval
   echo ">> nbval: no notebooks/*.ipynb yet; skipping"; \
 else \
   rc=0; \
-  echo "$(KERNEL_ENV) $(VPY) -m pytest --nbval $(NBVAL_FLAGS) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_FLAGS) notebooks/"; \
-  $(KERNEL_ENV) $(VPY) -m pytest --nbval $(NBVAL_FLAGS) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_FLAGS) notebooks/ || rc=$$?; \
+  echo "$(KERNEL_ENV) $(VPY) -m pytest --nbval $(NBVAL_FLAGS) $(xdist_opt) --dist loadfile $(PYTEST_FLAGS) notebooks/"; \
+  $(KERNEL_ENV) $(VPY) -m pytest --nbval $(NBVAL_FLAGS) $(xdist_opt) --dist loadfile $(PYTEST_FLAGS) notebooks/ || rc=$$?; \
   if [ $$rc -eq 5 ]; then echo ">> nbval: no notebook tests collected; ok"; rc=0; fi; \
   exit $$rc; \
 fi
