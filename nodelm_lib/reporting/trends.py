@@ -68,11 +68,6 @@ ALPHA_BOUNDS = (1e-3, 4.0)
 # least-squares solve through the BLAS picks its kernels by CPU; either moved 07's committed tables
 # in the 15th digit on another machine, so that a rebuild from the same records did not write the
 # same bytes.
-def _exp(a) -> np.ndarray:
-    a = np.asarray(a, dtype=float)
-    return np.fromiter(map(math.exp, a.ravel().tolist()), float, a.size).reshape(a.shape)
-
-
 def _log(a) -> np.ndarray:
     a = np.asarray(a, dtype=float)
     return np.fromiter(map(math.log, a.ravel().tolist()), float, a.size).reshape(a.shape)
@@ -87,7 +82,7 @@ def _sum(a) -> float:
     return math.fsum(np.asarray(a, dtype=float).ravel().tolist())
 
 
-_ALPHA_GRID = _exp(np.linspace(math.log(ALPHA_BOUNDS[0]), math.log(ALPHA_BOUNDS[1]), 121))
+_ALPHA_GRID = np.array([math.exp(la) for la in np.linspace(*map(math.log, ALPHA_BOUNDS), 121).tolist()])
 
 
 @dataclass(frozen=True)
@@ -150,18 +145,22 @@ def _check_points(x, y) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _line_fit(v: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """``y = a + b v`` by least squares, in closed form (centred, so as accurate as a QR solve)."""
-    v_mean, y_mean = _sum(v) / len(v), _sum(y) / len(y)
-    dv = v - v_mean
-    b = _sum(dv * (y - y_mean)) / _sum(dv * dv)
+def _line_fit(v: list, y: list) -> tuple[float, float] | None:
+    """``y = a + b v`` by least squares over plain floats, in closed form (centred, so as accurate
+    as a QR solve); None when v is constant."""
+    v_mean, y_mean = math.fsum(v) / len(v), math.fsum(y) / len(y)
+    dv = [vi - v_mean for vi in v]
+    svv = math.fsum([d * d for d in dv])
+    if svv == 0:
+        return None
+    b = math.fsum([d * (yi - y_mean) for d, yi in zip(dv, y)]) / svv
     return y_mean - b * v_mean, b
 
 
 def fit_log_linear(x, y) -> Trend:
     """``L = a + b ln x`` by least squares."""
     x, y = _check_points(x, y)
-    a, b = _line_fit(_log(x), y)
+    a, b = _line_fit(_log(x).tolist(), y.tolist())
     return Trend(LOG_LINEAR, {"a": float(a), "b": float(b)}, float(x.min()), float(x.max()), len(x),
                  len(np.unique(x)))
 
@@ -178,19 +177,14 @@ def _power_profile(u: list, y: list, alpha: float) -> tuple[tuple[float, float],
     v = [math.exp(-alpha * ui) for ui in u]
 
     def rss(E: float, A: float) -> float:
-        return math.fsum([(yi - (E + A * vi)) * (yi - (E + A * vi)) for vi, yi in zip(v, y)])
+        residuals = [yi - (E + A * vi) for vi, yi in zip(v, y)]
+        return math.fsum([r * r for r in residuals])
 
-    n = len(v)
-    v_mean, y_mean = math.fsum(v) / n, math.fsum(y) / n
-    dv = [vi - v_mean for vi in v]
-    svv = math.fsum([d * d for d in dv])
-    if svv > 0:
-        A = math.fsum([d * (yi - y_mean) for d, yi in zip(dv, y)]) / svv
-        E = y_mean - A * v_mean
-        if E >= 0 and A >= 0:
-            return (E, A), rss(E, A)
+    line = _line_fit(v, y)
+    if line is not None and line[0] >= 0 and line[1] >= 0:
+        return line, rss(*line)
     through_origin = math.fsum([vi * yi for vi, yi in zip(v, y)]) / math.fsum([vi * vi for vi in v])
-    faces = [(max(y_mean, 0.0), 0.0), (0.0, max(through_origin, 0.0))]
+    faces = [(max(math.fsum(y) / len(y), 0.0), 0.0), (0.0, max(through_origin, 0.0))]
     E, A = min(faces, key=lambda c: rss(*c))
     return (E, A), rss(E, A)
 
