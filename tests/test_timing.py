@@ -160,7 +160,7 @@ def test_a_models_flops_are_counted_once_per_shape_in_a_process(monkeypatch):
 
     counts = []
     real = flops._count_forward_flops
-    monkeypatch.setattr(flops, "_COUNTED", {})
+    flops.forget_counts()
     monkeypatch.setattr(flops, "_count_forward_flops", lambda *a: counts.append(a[1:]) or real(*a))
     first = forward_flops(tiny())
     assert forward_flops(tiny(seed=3, lr=5e-3)) == first and counts == [(16, 2)]  # same model and shape
@@ -176,9 +176,12 @@ def test_a_records_timing_row_takes_its_own_flop_count_at_its_batch(monkeypatch)
     (per rank) again at the whole batch, as a config is counted."""
     from nodelm_lib.training import flops
 
-    monkeypatch.setattr(flops, "_COUNTED", {})
+    counted = []
+    real = flops._count_forward_flops
+    flops.forget_counts()
+    monkeypatch.setattr(flops, "_count_forward_flops", lambda *a: counted.append(a[1:]) or real(*a))
     whole = fake_record(tiny(), 0.1, flops_per_token=123.0, flops_batch_size=2)
     per_rank = fake_record(tiny(seed=1), 0.1, flops_per_token=123.0, flops_batch_size=1)
     rows = timing.record_timings([whole, per_rank])
     assert rows["flops"].tolist() == [123.0, forward_flops(tiny())]
-    assert len(flops._COUNTED) == 1  # the first row counted nothing
+    assert counted == [(16, 2)]  # the first row counted nothing; the second once, at the whole batch

@@ -90,6 +90,12 @@ def forward_flops(tc: TrainConfig, batch_size: int | None = None) -> float:
 _COUNTED: dict[tuple[str, int, int], float] = {}
 
 
+def forget_counts() -> None:
+    """Empty ``forward_flops``' memo of counts, so that the next call of each shape counts again
+    (what a benchmark of the counting itself needs)."""
+    _COUNTED.clear()
+
+
 def _count_forward_flops(cfg, seq_len: int, batch_size: int) -> float:
     try:
         with torch.device("meta"):
