@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import op_times  # noqa: E402
 import record  # noqa: E402
+import sampled_final_loss  # noqa: E402
 import scan  # noqa: E402
 import store_read  # noqa: E402
 import time_estimate  # noqa: E402
@@ -339,3 +340,41 @@ def test_the_store_read_bench_times_each_part_against_parsing(capsys, monkeypatc
     with pytest.raises(SystemExit, match="no records in"):
         monkeypatch.setattr(sys, "argv", ["store_read.py", str(tmp_path)])
         store_read.main()
+
+
+def test_the_sampled_final_loss_bench_prints_the_offset_and_how_far_each_paired_difference_moves(
+        capsys, monkeypatch, tmp_path):
+    """Two arms x two seeds whose fixed-batch validation loss is the whole split's plus a known
+    offset: the per-run offset, and the paired difference to the reference measured both ways;
+    selection-seed runs and unknown models are left out, and a store without both scores is refused."""
+    import nodelm_lib as nl
+    from nodelm_lib.config import to_dict
+    from nodelm_lib.training.evaluation import with_tokenizer_vocab
+    from nodelm_lib.training.record import RunRecord
+
+    arms = {"gpt": nl.ModelConfig(arch="gpt", vocab_size=256, d_model=16, n_heads=2, n_layers=1, max_seq_len=16),
+            "ssm": nl.ModelConfig(arch="ssm", vocab_size=256, d_model=16, n_heads=2, n_layers=1, max_seq_len=16)}
+    monkeypatch.setattr(sampled_final_loss, "profile_arms", lambda notebook, profile: arms)
+    whole = {("gpt", 0): 2.00, ("gpt", 1): 2.10, ("ssm", 0): 1.90, ("ssm", 1): 1.96, ("ssm", 100): 9.0}
+    offset = {("gpt", 0): -0.01, ("gpt", 1): -0.03, ("ssm", 0): -0.02, ("ssm", 1): -0.04, ("ssm", 100): 0.0}
+    for (name, seed), val in whole.items():
+        tc = with_tokenizer_vocab(nl.TrainConfig(model=arms[name], batch_size=2, seq_len=16, max_steps=20,
+                                                 eval_interval=20, eval_batches=1, eval_on="whole_split_at_end",
+                                                 seed=seed, device="cpu"))
+        RunRecord(config=to_dict(tc), config_hash=tc.config_hash(), seed=seed, status="completed", metrics=[{}] * 20,
+                  evals=[{"step": 20, "val_loss": val + offset[name, seed]}],
+                  final={"val_loss": val, "test_loss": val + 0.05, "val_tokens": 100, "test_tokens": 100},
+                  train_time_s=1.0, wall_time_s=2.0).to_json(tmp_path / f"{name}{seed}.json")
+    monkeypatch.setattr(sys, "argv", ["sampled_final_loss.py", str(tmp_path)])
+    sampled_final_loss.main()
+    out = capsys.readouterr().out
+    assert "4 reported runs, 2 seeds" in out
+    assert "offset -0.0250, SD 0.0129, range -0.0400..-0.0100" in out
+    # ssm - gpt over the two seeds: whole split -0.10 and -0.14, on the batches -0.11 and -0.15
+    ssm_row = [line for line in out.splitlines() if line.startswith("ssm")][-1]
+    assert [float(v) for v in ssm_row.split()[1:]] == [-0.12, -0.13, -0.12, -0.01]
+    assert "largest move of a paired difference: 0.0100; for scale, validation and test (both whole) differ by up to 0.0000" in out
+    for path in tmp_path.glob("*.json"):
+        path.unlink()
+    with pytest.raises(SystemExit, match="no completed reported run scored both"):
+        sampled_final_loss.main()
