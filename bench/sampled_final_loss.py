@@ -1,8 +1,7 @@
-"""What scoring the final losses on fixed batches instead of whole splits costs (02's
-``cpu_wikitext2`` profile cut its whole-split scoring to fit its time budget).
+"""What scoring the final losses on fixed batches instead of whole splits would cost: the cut
+that would bring 02's ``cpu_wikitext2`` profile closest to its time budget on a slow CPU.
 
-    git archive dd81b19 results/runs/cpu_wikitext2 | tar -x -C /tmp/wt2_whole
-    python bench/sampled_final_loss.py /tmp/wt2_whole/results/runs/cpu_wikitext2
+    python bench/sampled_final_loss.py results/runs/cpu_wikitext2
 
 Reads a store of runs that scored both (``eval_on="whole_split_at_end"``: the validation curve's
 last point is the loss on the ``eval_batches`` fixed batches at the final step, ``final["val_loss"]``
