@@ -43,8 +43,9 @@ def base_config(tiny: bool, steps: int) -> nl.TrainConfig:
 
         tc, arms = gpu_02_arms()
         tc = dataclasses.replace(tc, model=arms["gpt"])
+    # scored on two fixed batches once, at the end: the profile's whole-split scoring is not what is timed
     return dataclasses.replace(tc, max_steps=steps, warmup_steps=min(tc.warmup_steps, steps // 2),
-                               eval_interval=steps, eval_batches=2, progress=False)
+                               eval_interval=steps, eval_on="batches", eval_batches=2, progress=False)
 
 
 def phase(base: nl.TrainConfig, seeds: list[int], workers: int) -> dict:

@@ -73,7 +73,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # seed_reference, odeint_vs_torchdiffeq
 import nodelm_lib as nl  # noqa: E402
-from nodelm_lib.experiments.protocol import architecture_arms  # noqa: E402
+from nodelm_lib.experiments.profiles import load_profile  # noqa: E402
+from nodelm_lib.experiments.protocol import architecture_arms, comparison_setup  # noqa: E402
 from nodelm_lib.models import count_params  # noqa: E402
 from nodelm_lib.training.profiling import cpu_description, keep_freed_memory
 from nodelm_lib.training.flops import forward_flops_per_token  # noqa: E402
@@ -424,16 +425,7 @@ def bench_nanogpt_whole_run() -> list[dict]:
 def gpu_02_arms() -> tuple[nl.TrainConfig, dict[str, nl.ModelConfig]]:
     """Notebook 02's gpu profile (``params/02_seed_comparison/gpu.yaml``), built as the notebook
     builds it: the base run and every arm's model."""
-    import yaml
-
-    p = yaml.safe_load((Path(__file__).resolve().parents[1] / "params/02_seed_comparison/gpu.yaml").read_text())
-    model = nl.ModelConfig(vocab_size=nl.data.get_tokenizer(p["tokenizer"]).vocab_size, d_model=p["d_model"],
-                           n_heads=p["n_heads"], n_layers=p["n_layers"], max_seq_len=p["max_seq_len"],
-                           ssm_state_size=p["ssm_state_size"],
-                           ode=nl.ODEConfig(method=p["ode_method"], n_steps=p["n_layers"]))
-    base = nl.TrainConfig(model=model, dataset=p["dataset"], tokenizer=p["tokenizer"], batch_size=p["batch_size"],
-                          seq_len=p["seq_len"], max_steps=p["max_steps"], dtype=p["dtype"], compile=True)
-    arms = architecture_arms(model, p["archs"], match_to=p["match_to"], controls=p["controls"], presets=p["presets"])
+    base, arms = comparison_setup(load_profile("02_seed_comparison", "gpu"))
     return base, {name: arm["model"] for name, arm in arms.items()}
 
 

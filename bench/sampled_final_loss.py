@@ -16,8 +16,6 @@ import argparse
 
 import pandas as pd
 
-from nodelm_lib import ModelConfig, ODEConfig
-from nodelm_lib.data import get_tokenizer
 from nodelm_lib.experiments import protocol
 from nodelm_lib.experiments.profiles import load_profile
 from nodelm_lib.runs.store import load_records
@@ -25,12 +23,7 @@ from nodelm_lib.runs.store import load_records
 
 def profile_arms(notebook: str, profile: str) -> dict:
     """The arms of a 02 profile (name -> ModelConfig), built as the notebook builds them."""
-    p = load_profile(notebook, profile)
-    model = ModelConfig(vocab_size=get_tokenizer(p["tokenizer"]).vocab_size, d_model=p["d_model"], n_heads=p["n_heads"], n_layers=p["n_layers"],
-                        max_seq_len=p["max_seq_len"], ssm_state_size=p["ssm_state_size"],
-                        ode=ODEConfig(method=p["ode_method"], n_steps=p["n_layers"]))
-    arms = protocol.architecture_arms(model, p["archs"], match_to=p["match_to"], controls=p["controls"],
-                                      presets=p["presets"])
+    _, arms = protocol.comparison_setup(load_profile(notebook, profile))
     return {name: arm["model"] for name, arm in arms.items()}
 
 

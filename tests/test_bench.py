@@ -222,10 +222,10 @@ def test_whole_runs_follow_nanogpts_schedule_taking_turns_per_interval():
 def test_operator_times_counts_every_call_and_times_the_products():
     """bench/op_times.py: each operator of each timed step is counted once, with its time; a large
     product takes more of it than an elementwise pass over its output."""
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    a, b = torch.randn(512, 512), torch.randn(512, 512)  # 1024 FLOPs per output element against relu's one
     plain, timed = op_times.operator_times(lambda x, y: (x @ y).relu_(), (a, b), steps=3, warmup=1, shapes=True)
     assert plain > 0
-    assert timed.calls == {"aten.mm.default [(256, 256), (256, 256)]": 3, "aten.relu_.default [(256, 256)]": 3}
+    assert timed.calls == {"aten.mm.default [(512, 512), (512, 512)]": 3, "aten.relu_.default [(512, 512)]": 3}
     mm, relu = (timed.seconds[k] for k in timed.calls)
     assert mm > relu > 0
     with pytest.raises(SystemExit, match="not valid; choose one of"):

@@ -171,3 +171,39 @@ def test_the_committed_cpu_selection_chose_every_rate_inside_its_grid():
     selection = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "seed_comparison_cpu_lr_selection.csv")
     assert lr_selection.rates_at_grid_edge(selection) == {}
     assert selection["arm"].nunique() == 8 and selection.groupby("arm")["lr"].nunique().min() >= 3
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("profile", ["cpu", "cpu_wikitext2"])
+def test_comparison_setup_rebuilds_the_committed_runs_of_02(profile):
+    """``comparison_setup`` builds 02's base and arms as the notebook's third cell did: every run
+    of the committed table has the config hash of the config it makes at the selected rate."""
+    params = nl.profiles.load_profile("02_seed_comparison", profile)
+    base, arms = protocol.comparison_setup(params)
+    runs = pd.read_csv(ROOT / "results" / f"seed_comparison_{profile}_runs.csv")
+    selection = ROOT / "results" / f"seed_comparison_{profile}_lr_selection.csv"
+    configs = protocol.sweep_configs(base, arms, params["seeds"], selection)
+    assert sorted(arms) == sorted(runs["arm"].unique())
+    built = {(name, seed): nl.runs.store.run_hash(tc) for name, seed, tc in configs}
+    committed = {(row.arm, row.seed): row.config_hash for row in runs.itertuples()}
+    assert built == committed
+
+
+def test_the_gpu_stores_records_are_runs_of_the_gpu_profiles_search():
+    """The gpu profile's selection runs trained on a lease (results/runs/gpu) are configs that
+    ``comparison_setup`` makes: the next lease's chunk continues the same search."""
+    params = nl.profiles.load_profile("02_seed_comparison", "gpu")
+    base, arms = protocol.comparison_setup(params)
+    search = {nl.runs.store.run_hash(tc) for *_, tc in lr_selection.lr_search_configs(
+        base, arms, params["lr_grid"], params["lr_seeds"], params["lr_steps"])}
+    stored = [p.stem for p in (ROOT / "results" / "runs" / "gpu").glob("*.json")]
+    assert stored and set(stored) <= search
+
+
+def test_comparison_setup_names_the_parameters_it_lacks():
+    params = nl.profiles.load_profile("02_seed_comparison", "cpu")
+    del params["tokenizer"], params["presets"]
+    with pytest.raises(ValueError, match=r"lack 'tokenizer', 'presets'"):
+        protocol.comparison_setup(params)

@@ -255,14 +255,11 @@ def params_02(profile: str = "cpu") -> dict:
     return yaml.safe_load((ROOT / "params" / "02_seed_comparison" / f"{profile}.yaml").read_text())
 
 
-BASE_KEYS = ("n_heads", "n_layers", "max_seq_len", "ssm_state_size", "ode_method", "dataset", "tokenizer", "batch_size",
-             "seq_len", "max_steps", "warmup_steps", "min_lr_ratio", "beta2", "eval_interval", "eval_batches",
-             "eval_on", "device")
 
 
 def test_the_d128_cells_have_the_config_hashes_of_02s_committed_runs():
     p = params_02()
-    base = scaling.base_config(**{k: p[k] for k in BASE_KEYS}, d_model=p["d_model"])
+    base = protocol.base_from_params(p)
     arms = ["gpt", "hybrid", "node_tong", "ti_mlp", "ti_ssm", "ssm"]
     cells = scaling.width_cells(base.model, arms, [p["d_model"]])
     centers = scaling.lr_centers(ROOT / "results" / "seed_comparison_cpu_lr_selection.csv", arms)

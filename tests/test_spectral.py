@@ -436,12 +436,11 @@ def test_the_cpu_profile_analyses_02s_runs():
     04 reads them instead of training its own."""
     import yaml
 
-    from nodelm_lib.experiments import protocol, scaling
+    from nodelm_lib.experiments import protocol
 
     root = Path(__file__).resolve().parents[1]
     p = yaml.safe_load((root / "params" / "04_spectral_lyapunov" / "cpu.yaml").read_text())
-    base = scaling.base_config(**{k: p[k] for k in BASE_KEYS_02}, dtype=p["dtype"], compile_model=p["compile_model"],
-                               d_model=p["d_model"])
+    base = protocol.base_from_params(p)
     arms = protocol.architecture_arms(base.model, p["archs"], presets=p["presets"])
     rates = protocol.selected_lrs(root / "results" / p["lr_selection"])
     configs = protocol.sweep_configs(base, arms, p["seeds"], rates)
@@ -454,8 +453,3 @@ def test_the_cpu_profile_analyses_02s_runs():
         assert record.status == "completed" and record.train_config.max_steps == 2000
     node = next(tc for arm, seed, tc in configs if arm == "node")
     assert (node.model.d_model, node.model.hyper_dim, node.model.ode.n_steps) == (128, 64, 4)  # Tong's hypernetwork
-
-
-BASE_KEYS_02 = ("n_heads", "n_layers", "max_seq_len", "ssm_state_size", "ode_method", "dataset", "tokenizer",
-                "batch_size", "seq_len", "max_steps", "warmup_steps", "min_lr_ratio", "beta2", "eval_interval",
-                "eval_batches", "eval_on", "device")

@@ -1,4 +1,5 @@
-"""Arms and the comparison protocol: the arms comparing architectures (``architecture_arms``,
+"""Arms and the comparison protocol: notebook 02's base config and arms from its parameters
+(``base_config``, ``comparison_setup``), the arms comparing architectures (``architecture_arms``,
 with the ``CONTROLS`` and ``ARCH_PRESETS``), each arm's configs per seed at its selected learning
 rate (``arm_configs``, ``sweep_configs``, ``selected_lrs``) and the check that a sweep's arms
 differ in nothing else (``check_protocol``).
@@ -22,8 +23,9 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from nodelm_lib.config import (NON_SEMANTIC_KEYS, TONG_HYPERNETWORK, ModelConfig, TrainConfig, for_arch, to_dict,
-                               with_values)
+from nodelm_lib.config import (NON_SEMANTIC_KEYS, TONG_HYPERNETWORK, ModelConfig, ODEConfig, TrainConfig, for_arch,
+                               to_dict, with_values)
+from nodelm_lib.data import get_tokenizer
 
 # the TrainConfig fields arms may not change: everything but the model and the seed (and the
 # learning rate, which check_protocol allows to differ only through a recorded selection), besides
@@ -76,6 +78,58 @@ def architecture_arms(model: ModelConfig, archs: Iterable[str], match_to: str | 
             raise ValueError(f"control {name!r} is not valid; choose one of {', '.join(map(repr, CONTROLS))}")
         arms[name] = {"model": CONTROLS[name](model)}
     return arms
+
+
+def base_config(*, n_heads: int, n_layers: int, max_seq_len: int, ssm_state_size: int, ode_method: str,
+                dataset: str, tokenizer: str, batch_size: int, seq_len: int, max_steps: int, warmup_steps: int,
+                min_lr_ratio: float, beta2: float, eval_interval: int, eval_batches: int, eval_on: str,
+                device: str = "auto", dtype: str = "float32", compile_model: bool = False,
+                d_model: int = 128) -> TrainConfig:
+    """Notebook 02's base config from 02's parameters: every arm's run is this config with the
+    arm's model, a seed and the arm's selected rate (``lr`` here is a placeholder). Notebooks 04
+    and 07 build 02's runs through it too, so at 02's width and rate their config hashes are 02's.
+    The ODE of ``node`` / ``ti_*`` takes ``n_layers`` solver steps: as many as ``gpt`` has blocks."""
+    model = ModelConfig(vocab_size=get_tokenizer(tokenizer).vocab_size, d_model=d_model, n_heads=n_heads,
+                        n_layers=n_layers, max_seq_len=max_seq_len, ssm_state_size=ssm_state_size,
+                        ode=ODEConfig(method=ode_method, n_steps=n_layers))
+    return TrainConfig(model=model, dataset=dataset, tokenizer=tokenizer, batch_size=batch_size, seq_len=seq_len,
+                       max_steps=max_steps, lr=1e-3, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
+                       beta2=beta2, eval_interval=eval_interval, eval_batches=eval_batches, eval_on=eval_on,
+                       device=device, dtype=dtype, compile=compile_model, progress=False)
+
+
+# notebook 02's parameters that make its base config (``base_config``'s keywords; the optional
+# ones keep their defaults where a profile leaves them out) and its arms (``architecture_arms``)
+BASE_PARAMETERS = ("n_heads", "n_layers", "max_seq_len", "ssm_state_size", "ode_method", "dataset", "tokenizer",
+                   "batch_size", "seq_len", "max_steps", "warmup_steps", "min_lr_ratio", "beta2", "eval_interval",
+                   "eval_batches", "eval_on")
+OPTIONAL_BASE_PARAMETERS = ("d_model", "device", "dtype", "compile_model")
+ARM_PARAMETERS = ("archs", "match_to", "controls", "presets")
+
+
+def base_from_params(params: Mapping[str, Any]) -> TrainConfig:
+    """``base_config`` from a mapping of notebook 02's parameters (a profile's values; 04's and 07's
+    profiles repeat the ones they share with 02), ignoring the keys it does not take."""
+    _require(params, BASE_PARAMETERS)
+    return base_config(**{k: params[k] for k in BASE_PARAMETERS + OPTIONAL_BASE_PARAMETERS if k in params})
+
+
+def comparison_setup(params: Mapping[str, Any]) -> tuple[TrainConfig, dict[str, dict[str, Any]]]:
+    """Notebook 02's base config and arms from a mapping of its parameters (a profile's values,
+    ``profiles.load_profile("02_seed_comparison", profile)``), built as the notebook builds them:
+    what a benchmark or a script needs to train or time 02's runs without copying its third cell."""
+    _require(params, BASE_PARAMETERS + ARM_PARAMETERS)
+    base = base_from_params(params)
+    arms = architecture_arms(base.model, params["archs"], match_to=params["match_to"], controls=params["controls"],
+                             presets=params["presets"])
+    return base, arms
+
+
+def _require(params: Mapping[str, Any], names: Iterable[str]) -> None:
+    missing = [k for k in names if k not in params]
+    if missing:
+        raise ValueError(f"notebook 02's parameters lack {', '.join(map(repr, missing))}: give a profile's values "
+                         "(profiles.load_profile('02_seed_comparison', <profile>))")
 
 
 def arm_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int]) -> list[tuple[str, int, TrainConfig]]:

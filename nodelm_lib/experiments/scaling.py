@@ -3,8 +3,8 @@ protocol, with fitted trends and iso-parameter / iso-FLOP comparisons to ``gpt``
 
 - **Cells.** An arm at a width is a *cell*, named ``"<arm> d=<width>"``; every cell is its own arm
   of one sweep (``nl.sweep`` checks that cells differ in their model alone). The depth and
-  everything else is 02's config (``base_config`` builds it from 02's parameters as notebook 02
-  does), so a cell at 02's width and learning rate *is* 02's run: same config hash, read back from
+  everything else is 02's config (``protocol.base_config``, through which notebook 02 builds
+  its own), so a cell at 02's width and learning rate *is* 02's run: same config hash, read back from
   the store, not trained again.
 - **Arms** (``arm_model``): 02's ``gpt``, ``hybrid``, ``ti_mlp``, ``ti_ssm`` and the ``ssm``
   control; ``node`` with the library's default (small) hypernetwork, whose parameter count is near
@@ -34,13 +34,12 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from nodelm_lib.config import ModelConfig, ODEConfig, TrainConfig
-from nodelm_lib.data import get_tokenizer
+from nodelm_lib.config import ModelConfig, TrainConfig
 from nodelm_lib.reporting import comparisons, stats, trends
 from nodelm_lib.runs.store import finished_record, run_hash
 
 from .lr_selection import rates_at_grid_edge, selection_grids
-from .protocol import architecture_arms, selected_lrs, sweep_configs
+from .protocol import architecture_arms, base_config, selected_lrs, sweep_configs  # noqa: F401 (04, 07 call scaling.base_config)
 
 ARMS = ("gpt", "hybrid", "node", "node_tong", "ti_mlp", "ti_ssm", "ssm")
 # how each arm is made by protocol.architecture_arms, as notebook 02 makes it: (archs, controls,
@@ -60,23 +59,6 @@ CELL_SEPARATOR = " d="
 
 
 # --------------------------------------------------------------------------- configs
-
-
-def base_config(*, n_heads: int, n_layers: int, max_seq_len: int, ssm_state_size: int, ode_method: str,
-                dataset: str, tokenizer: str, batch_size: int, seq_len: int, max_steps: int, warmup_steps: int,
-                min_lr_ratio: float, beta2: float, eval_interval: int, eval_batches: int, eval_on: str,
-                device: str = "auto", dtype: str = "float32", compile_model: bool = False,
-                d_model: int = 128) -> TrainConfig:
-    """Notebook 02's base config from 02's parameters (its third cell builds the same): at 02's
-    width and learning rate a cell's config hash is 02's run's. ``lr`` is a placeholder: every
-    run takes its cell's selected rate."""
-    model = ModelConfig(vocab_size=get_tokenizer(tokenizer).vocab_size, d_model=d_model, n_heads=n_heads,
-                        n_layers=n_layers, max_seq_len=max_seq_len, ssm_state_size=ssm_state_size,
-                        ode=ODEConfig(method=ode_method, n_steps=n_layers))
-    return TrainConfig(model=model, dataset=dataset, tokenizer=tokenizer, batch_size=batch_size, seq_len=seq_len,
-                       max_steps=max_steps, lr=1e-3, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
-                       beta2=beta2, eval_interval=eval_interval, eval_batches=eval_batches, eval_on=eval_on,
-                       device=device, dtype=dtype, compile=compile_model, progress=False)
 
 
 def arm_model(model: ModelConfig, arm: str) -> ModelConfig:
