@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 from nodelm_lib.training.record import RunRecord
 
-from .store import (checkpoint_path, evaluations_store, finished_record, read_evaluations, read_record, record_path,
+from .store import (checkpoint_path, read_evaluations, read_record, record_path, same_training, weights_record,
                     weights_store, write_evaluations)
 
 
@@ -58,10 +58,12 @@ class FinalWeights:
         retrained = _side_record(stored.config_hash, checkpoints)
         if needs and retrained is not None and needs <= set(read_evaluations(retrained, weights_store(checkpoints))):
             return cls(retrained, weights_store(checkpoints), checkpoints, device)
-        on_disk = finished_record(stored.train_config, store, checkpoints, need_checkpoint=True)  # the weights' record
+        on_disk = weights_record(stored.config_hash, checkpoints)  # the training the weights on disk come from
         if on_disk is None:
             return None
-        return cls(on_disk, evaluations_store(on_disk, store, checkpoints), checkpoints, device)
+        if same_training(on_disk, stored):
+            return cls(stored, store, checkpoints, device)
+        return cls(on_disk, weights_store(checkpoints), checkpoints, device)
 
     def model(self):
         """The final model, loaded once (eval mode, on ``device``)."""
