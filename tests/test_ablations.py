@@ -238,3 +238,18 @@ def test_depth_transfer_reads_a_finished_study_back_without_any_weights(tmp_path
     run_store.record_path(store, finetuned).unlink()
     with pytest.raises(AssertionError, match=table[table["variant"] == "trained"]["config_hash"].iloc[0]):
         ablations.depth_transfer(base, {"ti_mlp": {"model": base.model}}, [0], checkpoints=ckpt, **options)
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_03s_base_is_02s_so_its_references_and_parents_are_02s_runs(profile):
+    """Notebook 03 builds 02's base config at ``base_steps`` Euler steps: its reference arms and
+    fine-tuning parents then have the config hashes of 02's runs of the same profile and are read
+    back from the store, not trained again."""
+    from nodelm_lib.experiments import protocol
+    from nodelm_lib.experiments.profiles import load_profile
+
+    p02, p03 = load_profile("02_seed_comparison", profile), load_profile("03_ablations", profile)
+    base02 = protocol.base_from_params(p02)
+    base03 = protocol.base_from_params({**p03, "n_layers": p03["base_steps"], "ode_method": "euler"})
+    assert base03 == base02  # same config, so same hashes for the same model and seed
+    assert set(p03["seeds"]) <= set(p02["seeds"])
