@@ -291,10 +291,10 @@ def test_reused_02_runs_are_read_not_retrained(tmp_path, monkeypatch):
         raise AssertionError("a stored run was trained again")
 
     monkeypatch.setattr("nodelm_lib.runs.store.train_into_store", no_training)
-    base = scaling.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
-                               dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=3,
-                               warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=3, eval_batches=1,
-                               eval_on="batches", device="cpu")
+    base = protocol.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
+                                dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=3,
+                                warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=3, eval_batches=1,
+                                eval_on="batches", device="cpu")
     cells = scaling.width_cells(base.model, ["gpt", "node_tong", "ssm"], [16])
     centers = scaling.lr_centers({"gpt": 4e-3, "node_tong": 1e-3, "ssm": 2e-3}, ["gpt", "node_tong", "ssm"])
     selection = {c: centers[scaling.split_cell(c)[0]] for c in cells}
@@ -316,10 +316,10 @@ def test_grids_are_02s_rates_to_the_bit():
 
 
 def test_time_estimate_packs_each_phase_on_its_lanes_and_resolves_auto_workers(tmp_path, monkeypatch):
-    base = scaling.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
-                               dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=10,
-                               warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=5, eval_batches=1,
-                               eval_on="batches", device="cpu")
+    base = protocol.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
+                                dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=10,
+                                warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=5, eval_batches=1,
+                                eval_on="batches", device="cpu")
     gpt = nl.config.with_values(base, scaling.width_cells(base.model, ["gpt"], [16])["gpt d=16"])
     fake_record(gpt, 0.5).to_json(tmp_path / "gpt.json")  # 10 steps x 0.5 s + 1 s start-up = 6 s a run
     phases = {"a": [("gpt", nl.config.with_values(gpt, {"seed": s})) for s in range(3)],

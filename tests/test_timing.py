@@ -10,7 +10,7 @@ import pytest
 import nodelm_lib as nl
 from conftest import fake_record
 from nodelm_lib.data import load_tokens
-from nodelm_lib.experiments import scaling
+from nodelm_lib.experiments import protocol, scaling
 from nodelm_lib.runs import timing
 from nodelm_lib.runs.budget import estimate_run_s
 from nodelm_lib.runs.store import load_records
@@ -35,10 +35,10 @@ def window_tokens(split: str, seq_len: int = 16) -> int:
 
 
 def width_configs(archs, widths) -> dict[str, nl.TrainConfig]:
-    base = scaling.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
-                               dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=10,
-                               warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=5, eval_batches=1,
-                               eval_on="batches", device="cpu")
+    base = protocol.base_config(n_heads=4, n_layers=2, max_seq_len=32, ssm_state_size=4, ode_method="euler",
+                                dataset="tinyshakespeare", tokenizer="char", batch_size=2, seq_len=16, max_steps=10,
+                                warmup_steps=1, min_lr_ratio=0.1, beta2=0.99, eval_interval=5, eval_batches=1,
+                                eval_on="batches", device="cpu")
     return {name: nl.config.with_values(base, cell) for name, cell in scaling.width_cells(base.model, archs, widths).items()}
 
 
