@@ -86,8 +86,8 @@ def base_config(*, n_heads: int, n_layers: int, max_seq_len: int, ssm_state_size
                 device: str = "auto", dtype: str = "float32", compile_model: bool = False,
                 d_model: int = 128) -> TrainConfig:
     """Notebook 02's base config from 02's parameters: every arm's run is this config with the
-    arm's model, a seed and the arm's selected rate (``lr`` here is a placeholder). Notebooks 04
-    and 07 build 02's runs through it too, so at 02's width and rate their config hashes are 02's.
+    arm's model, a seed and the arm's selected rate (``lr`` here is a placeholder). Notebooks 03,
+    04 and 07 build 02's runs through it too, so at 02's shape and rate their config hashes are 02's.
     The ODE of ``node`` / ``ti_*`` takes ``n_layers`` solver steps: as many as ``gpt`` has blocks."""
     model = ModelConfig(vocab_size=get_tokenizer(tokenizer).vocab_size, d_model=d_model, n_heads=n_heads,
                         n_layers=n_layers, max_seq_len=max_seq_len, ssm_state_size=ssm_state_size,
