@@ -207,3 +207,15 @@ def test_profiles_set_only_parameters_the_notebook_has(notebook):
             assert values["dtype"] == "float32"
         if path.stem == "gpu" and "compile_model" in names:
             assert values["dtype"] == "bfloat16" and values["compile_model"] is True
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_papermill_reads_every_name_of_the_parameters_cell(notebook):
+    """papermill reads the cell line by line and skips a line with two '=' (one in a comment, say):
+    that name would be missing from `papermill --help-notebook`, with a warning at every run."""
+    translators = pytest.importorskip("papermill.translators")
+    import nbformat
+
+    cell = next(c for c in nbformat.read(notebook, as_version=4).cells if "parameters" in c.metadata.get("tags", []))
+    parsed = [p.name for p in translators.PythonTranslator.inspect(cell)]
+    assert sorted(parsed) == sorted(notebook_parameters(notebook))

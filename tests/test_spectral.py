@@ -431,7 +431,7 @@ def test_dynamics_summary_against_the_spectra():
 
 
 def test_the_cpu_profile_analyses_02s_runs():
-    """04's cpu profile builds its configs as notebook 02 does (scaling.base_config, 02's arms with
+    """04's cpu profile builds its configs as notebook 02 does (protocol.base_config, 02's arms with
     Tong's preset for node, 02's selected rates), so that they hash to 02's committed records and
     04 reads them instead of training its own."""
     import yaml

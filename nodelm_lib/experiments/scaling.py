@@ -40,9 +40,6 @@ from nodelm_lib.runs.store import finished_record, run_hash
 
 from .lr_selection import rates_at_grid_edge, selection_grids
 from .protocol import architecture_arms, selected_lrs, sweep_configs
-# notebook 04 calls it by this name until its docs page can be executed again: another kind of CPU
-# would retrain the weights its unstored analyses need and change the page's numbers
-from .protocol import base_config  # noqa: F401
 
 ARMS = ("gpt", "hybrid", "node", "node_tong", "ti_mlp", "ti_ssm", "ssm")
 # how each arm is made by protocol.architecture_arms, as notebook 02 makes it: (archs, controls,
