@@ -151,12 +151,17 @@ def test_workspace_is_exported():
     assert nl.workspace is workspace and isinstance(nl.workspace(str(ROOT)), nl.Workspace)
 
 
-def notebook_parameters(notebook: Path) -> dict:
-    """The names and default values of a notebook's parameters cell."""
+def parameters_source(notebook: Path) -> str:
+    """The source of a notebook's one cell tagged ``parameters``."""
     cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
     (params,) = [c for c in cells if "parameters" in c["metadata"].get("tags", [])]
+    return "".join(params["source"])
+
+
+def notebook_parameters(notebook: Path) -> dict:
+    """The names and default values of a notebook's parameters cell."""
     namespace: dict = {}
-    exec("".join(params["source"]), namespace)
+    exec(parameters_source(notebook), namespace)
     return {k: v for k, v in namespace.items() if not k.startswith("__")}
 
 
@@ -214,8 +219,5 @@ def test_papermill_reads_every_name_of_the_parameters_cell(notebook):
     """papermill reads the cell line by line and skips a line with two '=' (one in a comment, say):
     that name would be missing from `papermill --help-notebook`, with a warning at every run."""
     translators = pytest.importorskip("papermill.translators")
-    import nbformat
-
-    cell = next(c for c in nbformat.read(notebook, as_version=4).cells if "parameters" in c.metadata.get("tags", []))
-    parsed = [p.name for p in translators.PythonTranslator.inspect(cell)]
+    parsed = [p.name for p in translators.PythonTranslator.inspect({"source": parameters_source(notebook)})]
     assert sorted(parsed) == sorted(notebook_parameters(notebook))
