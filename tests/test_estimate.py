@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nodelm_lib as nl
-from nodelm_lib.experiments.estimate import DEFAULT_MFU, GPU, GPUS, estimate_time, format_seconds, gpu_seconds, train_flops
+from nodelm_lib.experiments.estimate import DEFAULT_MFU, GPU, GPUS, TABLE_GPUS, estimate_time, format_seconds, gpu_seconds, train_flops
 from nodelm_lib.training.flops import TRAIN_FLOPS_PER_FORWARD_FLOP, forward_flops
 from nodelm_lib.training.flops import forward_flops_per_token
 
@@ -48,8 +48,17 @@ def test_time_is_linear_in_steps_and_inverse_in_the_peak():
     assert gpu_seconds(1e15, "a100") == gpu_seconds(1e15, "A100", mfu=DEFAULT_MFU)  # names ignore case
     # the whole estimate scales the same way
     short, long = estimate_time(cfg(max_steps=1000)), estimate_time(cfg(max_steps=3000))
-    for name in GPUS:
+    assert tuple(short.total) == TABLE_GPUS
+    for name in TABLE_GPUS:
         assert long.total[name] == pytest.approx(3 * short.total[name])
+
+
+def test_an_h200_is_known_by_name_and_prices_as_an_h100():
+    # bench/record.py names the GPU it runs on; an H200 lease failed there when it was unknown
+    assert "H200" in GPUS and "H200" not in TABLE_GPUS
+    est = estimate_time(cfg(max_steps=1000), gpus=["h200", "H100"], dtype="bfloat16")
+    assert est.total["H200"] == pytest.approx(est.total["H100"])
+    assert gpu_seconds(1e15, "H200") == pytest.approx(gpu_seconds(1e15, "H100"))
 
 
 def test_a_per_step_floor_bounds_launch_bound_runs():

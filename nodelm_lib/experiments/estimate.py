@@ -16,6 +16,8 @@ figures halved), for the arithmetic the trainer uses with each ``dtype``: bf16 a
 - A100 (SXM and PCIe alike): TF32 156, BF16 312 (dense).
 - H100 SXM: TF32 989 with sparsity (495 dense), BF16 1979 with sparsity (989 dense). (An
   H100 PCIe peaks lower: 378 / 756.)
+- H200: the H100 SXM's peaks, with more and faster memory. Known by name (``gpus=["H200"]``),
+  but not one of the default columns (``TABLE_GPUS``): at these sizes it prices as an H100.
 
 MFU, the model FLOP utilisation (share of the peak a run achieves), is an assumption, 0.3 by
 default: large, well-shaped transformer training reaches 0.3-0.5; the small models of this
@@ -57,7 +59,9 @@ GPUS = {
     "L4": GPU("L4", {"float32": 60.0, "bfloat16": 121.0}),
     "A100": GPU("A100", {"float32": 156.0, "bfloat16": 312.0}),
     "H100": GPU("H100", {"float32": 495.0, "bfloat16": 989.0}, "H100: the SXM part (a PCIe H100 peaks at 378 / 756)"),
+    "H200": GPU("H200", {"float32": 495.0, "bfloat16": 989.0}, "H200: the H100 SXM's peaks, with more, faster memory"),
 }
+TABLE_GPUS = ("T4", "L4", "A100", "H100")  # an estimate's columns unless ``gpus`` names others
 
 Run = Union[TrainConfig, RunRecord]
 
@@ -129,7 +133,7 @@ class TimeEstimate:
         return str(self)
 
 
-def estimate_time(runs: Run | Iterable[Run | tuple[str, Run]] | Mapping[str, Run], gpus: Iterable[str | GPU] = tuple(GPUS),
+def estimate_time(runs: Run | Iterable[Run | tuple[str, Run]] | Mapping[str, Run], gpus: Iterable[str | GPU] = TABLE_GPUS,
                   mfu: float = DEFAULT_MFU, dtype: str | None = None, min_step_s: float = 0.0) -> TimeEstimate:
     """Expected training time of ``runs`` on each of ``gpus``: ``print(nl.estimate_time(configs))``.
 
