@@ -1,8 +1,9 @@
 #!/bin/bash
 # One short GPU lease, spent in issue 40's order: the CUDA tests, the scan benchmarks at 02's gpu
-# sizes, the many-runs benchmark, then one chunk of 02's gpu profile with the time left. Everything
-# it measures lands in $OUT, in 8 files at most (all that come back): gpu.txt (the summary and the
-# scan table), test_cuda.log, bench.log, the benchmarks' records, chunk.log and chunk.tar.gz.
+# sizes, the many-runs benchmark, the kernel profile, then one chunk of 02's gpu profile with the time
+# left. Everything it measures lands in $OUT: gpu.txt (the summary, the scan and kernel tables),
+# test_cuda.log, bench.log, the benchmarks' records, chunk.log and chunk.tar.gz. Only 8 files come
+# back from a call, and all steps write 9: name fewer steps (those whose records are committed).
 #
 # Here, before the lease:
 #     bash bench/gpu_lease.sh --prepare
@@ -12,11 +13,13 @@
 #     bash bench/gpu_lease.sh --restore
 # On the device (the `run` tool; carry .lease), with the seconds the whole script may take (keep
 # them under the command's limit) and the steps to take (default: all, in this order):
-#     bash bench/gpu_lease.sh $OUT 570 tests,scan,steps,many,chunk
+#     bash bench/gpu_lease.sh $OUT 570 tests,scan,steps,many,kernels,chunk
 #   tests  tests/test_cuda.py (~2 min); the chunk is skipped if they fail
 #   scan   bench/scan.py's candidates alone at 02's gpu sizes (~30 s)
 #   steps  training steps of gpt, ti_ssm and ssm under CUDA graphs, fused and chunked scan (~3 min)
 #   many   bench/many_runs.py: 8 runs at once against one alone, after a warm-up run (~3 min)
+#   kernels  bench/gpu_kernels.py: GPU busy time and kernels of gpt's and ti_ssm's compiled step,
+#          fused and chunked scan: what bounds ti_ssm's step (~2 min)
 #   chunk  the runs of 02's gpu profile that fit in what is left, less a minute's margin
 # Back here: python -m nodelm_lib import-runs <files_at>/chunk.tar.gz --store results/runs/gpu
 # (commit the records; the next lease continues where this chunk stopped), and copy the
@@ -40,7 +43,7 @@ if [ "${1:-}" = "--restore" ]; then
 fi
 out=${1:?usage: bash bench/gpu_lease.sh OUT_DIR [seconds for the whole script] [steps] (or --prepare, here)}
 total=${2:-570}
-steps=,${3:-tests,scan,steps,many,chunk},
+steps=,${3:-tests,scan,steps,many,kernels,chunk},
 started=$(date +%s)
 want() { [[ "$steps" == *",$1,"* ]]; }
 left() { echo $(( total - ($(date +%s) - started) )); }
@@ -76,6 +79,12 @@ if want many; then
   timeout 240 python3 bench/many_runs.py --workers 8 --steps 300 --out "$out/bench_cuda_many_runs" \
     >> "$out/bench.log" 2>&1
   echo "many: exit $? ($(tail -1 "$out/bench.log"))" | tee -a "$out/gpu.txt"
+fi
+if want kernels; then  # rows are written as they are measured, as in steps
+  timeout 180 python3 bench/gpu_kernels.py --modes compiled --archs gpt ti_ssm --scan-chunk 8 --steps 10 \
+    --out /tmp/bench_cuda_kernels >> "$out/bench.log" 2>&1
+  echo "kernels: exit $?" | tee -a "$out/gpu.txt"
+  cp /tmp/bench_cuda_kernels.json "$out/" 2>/dev/null; cat /tmp/bench_cuda_kernels.txt >> "$out/gpu.txt" 2>/dev/null
 fi
 if want chunk; then
   # The margin covers start-up and packing; should a run still overrun, SIGINT (not timeout's

@@ -378,3 +378,31 @@ def test_the_sampled_final_loss_bench_prints_the_offset_and_how_far_each_paired_
         path.unlink()
     with pytest.raises(SystemExit, match="no completed reported run scored both"):
         sampled_final_loss.main()
+
+
+def test_the_gpu_kernel_profile_counts_busy_time_once_and_ranks_kernels_per_step(tmp_path):
+    import gpu_kernels
+    from gpu_kernels import DeviceEvent as E
+
+    # two steps: "mm" 0-10 and 40-50 us, "scan" 8-20 (overlapping mm by 2 us) and 50-70, "fill" 100-101
+    events = [E("mm", 0, 10), E("scan", 8, 20), E("mm", 40, 50), E("scan", 50, 70), E("fill", 100, 101)]
+    assert gpu_kernels.busy_us(events) == pytest.approx(20 + 30 + 1)  # the overlap counted once
+    assert gpu_kernels.busy_us([E("a", 0, 10), E("b", 2, 5)]) == pytest.approx(10)  # one inside another
+    assert gpu_kernels.busy_us([]) == 0
+    out = gpu_kernels.kernel_summary(events, steps=2, top=2)
+    assert out["busy_ms"] == pytest.approx(51 / 1000 / 2)
+    assert out["kernels"] == 2.5 and out["mean_kernel_us"] == pytest.approx(53 / 5)
+    assert [(k["name"], k["calls"]) for k in out["top"]] == [("scan", 1), ("mm", 1)]  # fill is third
+    assert out["top"][0]["ms"] == pytest.approx(32 / 1000 / 2) and out["top"][0]["share"] == pytest.approx(32 / 53)
+    with pytest.raises(ValueError, match="steps=0 is not valid"):
+        gpu_kernels.kernel_summary(events, steps=0)
+
+    # the script end to end on the CPU: a row per mode and case, the chunked scan arm added
+    gpu_kernels.main(["--tiny", "--modes", "eager", "--archs", "gpt", "ti_ssm", "--scan-chunk", "8",
+                      "--steps", "1", "--out", str(tmp_path / "k")])
+    import json
+    rows = json.loads((tmp_path / "k.json").read_text())["rows"]
+    assert [r["case"] for r in rows] == ["gpt", "ti_ssm", "ti_ssm, chunked L=8"]
+    assert all(r["wall_ms"] > 0 and r["busy_ms"] == 0 for r in rows)  # no GPU time on a CPU
+    with pytest.raises(SystemExit):
+        gpu_kernels.main(["--tiny", "--archs", "gpt", "mamba", "--out", str(tmp_path / "bad")])
