@@ -24,6 +24,19 @@ def test_record_rows_carry_their_commit_and_cpu():
     assert bare["git_commit"] == "unknown" and bare["cpu"] == "unknown CPU (?)"
 
 
+def test_a_gpu_run_names_its_gpu_so_runs_of_two_gpu_kinds_are_not_one_provenance():
+    def gpu_row(gpu: str) -> dict:
+        record = nl.RunRecord(config=nl.config.to_dict(nl.TrainConfig()), config_hash=gpu, seed=0, status="completed",
+                              final={"val_loss": 2.0}, environment={"git_commit": "abc1234", "device": "cuda",
+                                                                    "device_name": gpu, "cpu_name": "Intel(R) Xeon(R) Processor",
+                                                                    "cpu_capability": "AVX512"})
+        return record_row(record, arm="gpt")
+
+    assert gpu_row("NVIDIA H200")["cpu"] == "NVIDIA H200 with Intel(R) Xeon(R) Processor (AVX512)"
+    with pytest.raises(ValueError, match="2 library versions or CPUs"):
+        check_provenance(pd.DataFrame([gpu_row("NVIDIA H200"), gpu_row("NVIDIA H100 80GB HBM3")]))
+
+
 def test_a_table_of_one_commit_and_cpu_says_so():
     runs = pd.DataFrame([row(a, s, "abc1234") for a in ("gpt", "node") for s in range(3)])
     assert check_provenance(runs) == "all 6 runs by commit abc1234 on AMD EPYC (AVX2)"

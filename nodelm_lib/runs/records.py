@@ -56,11 +56,14 @@ def word_level_perplexity(tc: TrainConfig, split: str, loss: float, tokens: floa
 
 def record_provenance(record: RunRecord) -> dict:
     """Which library version and which CPU made a record: ``git_commit`` ("unknown" outside a git
-    checkout) and ``cpu`` (name and torch's capability). Training is bit-for-bit deterministic
-    on one CPU type but not across types, so a table states both."""
+    checkout) and ``cpu`` (name and torch's capability; a run on a GPU names the GPU first, as in
+    "NVIDIA H200 with Intel(R) Xeon(R) Processor (AVX512)"). Training is bit-for-bit deterministic
+    on one CPU (or GPU) type but not across types, so a table states both."""
     env = record.environment
-    return {"git_commit": env.get("git_commit", "unknown"),
-            "cpu": f"{env.get('cpu_name', 'unknown CPU')} ({env.get('cpu_capability', '?')})"}
+    cpu = f"{env.get('cpu_name', 'unknown CPU')} ({env.get('cpu_capability', '?')})"
+    if str(env.get("device", "cpu")).startswith("cuda"):  # the GPU computed the run, the CPU only launched it
+        cpu = f"{env.get('device_name', 'unknown GPU')} with {cpu}"
+    return {"git_commit": env.get("git_commit", "unknown"), "cpu": cpu}
 
 
 def check_provenance(runs: pd.DataFrame, allow_mixed: bool = False) -> str:
