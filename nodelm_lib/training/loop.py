@@ -77,13 +77,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     tc = with_tokenizer_vocab(tc)
     ctx = distributed.launch_context()
     local_batch = distributed.check_batch_divides(tc.batch_size, ctx.world_size)
-    device = distributed.process_device(ctx, resolve_device(tc.device))
-    check_dtype_supported(tc.dtype, device)
-    if device.type == "cpu":
-        keep_freed_memory()  # no page faults on the step's large tensors (profiling.keep_freed_memory)
-    if device.type == "cuda":
-        enable_tf32()
-        torch.cuda.reset_peak_memory_stats(device)  # the peak of this run, not of the process
+    device = _prepare_device(tc, ctx)
     out_dir = Path(tc.out_dir) if tc.out_dir else None
     ckpt_path = out_dir / CHECKPOINT_NAME if out_dir else None
 
@@ -108,13 +102,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
                                   unused=distributed.unused_parameters(ctx, model, *probe))
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.dtype == "bfloat16")  # noqa: E731
 
-    record = RunRecord(
-        config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed,
-        params={"total": model.num_params(), "non_embedding": model.num_params(non_embedding=True)},
-        flops_per_token=forward_flops_per_token(model, tc.seq_len, local_batch), flops_batch_size=local_batch,
-        environment=environment(device, ctx),
-    )
-    record.activation_mb = activation_bytes(model, *probe, autocast) / 2**20
+    record = _new_record(tc, model, local_batch, probe, autocast, device, ctx)
     start = 0
     if tc.resume and ckpt_path is not None and ckpt_path.exists():
         start = load_training_state(ckpt_path, model, optimizer, batch_gen, record, ctx, device)
@@ -169,17 +157,7 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
             writer.close()
         release_kept_buffers()  # the bf16 head's kept gradient logits serve training steps only
 
-    final_val_batches = final_eval_batches(tc, "validation", val_batches)
-    record.final = {
-        "train_loss": _final_train_loss(record.metrics),
-        "val_loss": (record.evals[-1]["val_loss"] if final_val_batches is val_batches
-                     else evaluate(model, final_val_batches, device, autocast, ctx)),
-        "val_tokens": batch_tokens(final_val_batches),
-    }
-    if tc.score_test:
-        test_batches = final_eval_batches(tc, "test")
-        record.final["test_loss"] = evaluate(model, test_batches, device, autocast, ctx)  # computed once, at the end
-        record.final["test_tokens"] = batch_tokens(test_batches)
+    record.final = _final_losses(tc, model, record, val_batches, autocast, device, ctx)
     record.status = "completed"
     check_learned(record, model.cfg.vocab_size)
     if out_dir is not None and start < tc.max_steps:
@@ -190,6 +168,52 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     _finish(record, tc, device, t_start, train_time, time_before, out_dir, ctx)
     record.model = model
     return record
+
+
+def _prepare_device(tc: TrainConfig, ctx: Context) -> torch.device:
+    """This process's device, checked for ``tc.dtype`` and set up for a run on it."""
+    device = distributed.process_device(ctx, resolve_device(tc.device))
+    check_dtype_supported(tc.dtype, device)
+    if device.type == "cpu":
+        keep_freed_memory()  # no page faults on the step's large tensors (profiling.keep_freed_memory)
+    if device.type == "cuda":
+        enable_tf32()
+        torch.cuda.reset_peak_memory_stats(device)  # the peak of this run, not of the process
+    return device
+
+
+def _new_record(tc: TrainConfig, model: CausalLM, local_batch: int, probe, autocast, device,
+                ctx: Context) -> RunRecord:
+    """The record of a run about to train: what it is, its size and cost per token (for a step of
+    ``local_batch`` rows, this process's), and where it runs; ``probe``, one batch of inputs,
+    measures a step's activations."""
+    record = RunRecord(
+        config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed,
+        params={"total": model.num_params(), "non_embedding": model.num_params(non_embedding=True)},
+        flops_per_token=forward_flops_per_token(model, tc.seq_len, local_batch), flops_batch_size=local_batch,
+        environment=environment(device, ctx),
+    )
+    record.activation_mb = activation_bytes(model, *probe, autocast) / 2**20
+    return record
+
+
+def _final_losses(tc: TrainConfig, model: CausalLM, record: RunRecord, val_batches, autocast, device,
+                  ctx: Context) -> dict:
+    """The trained model's final losses: train (``_final_train_loss``), validation on the
+    profile's final batches (the last evaluation's, where they are the curve's batches) and,
+    with ``score_test``, test, computed once, here."""
+    final_val_batches = final_eval_batches(tc, "validation", val_batches)
+    final = {
+        "train_loss": _final_train_loss(record.metrics),
+        "val_loss": (record.evals[-1]["val_loss"] if final_val_batches is val_batches
+                     else evaluate(model, final_val_batches, device, autocast, ctx)),
+        "val_tokens": batch_tokens(final_val_batches),
+    }
+    if tc.score_test:
+        test_batches = final_eval_batches(tc, "test")
+        final["test_loss"] = evaluate(model, test_batches, device, autocast, ctx)
+        final["test_tokens"] = batch_tokens(test_batches)
+    return final
 
 
 def _checkpoint(ctx: Context, device, path: Path, model, optimizer, step: int, batch_gen, record: RunRecord) -> None:
