@@ -53,3 +53,52 @@ def test_a_table_mixing_commits_or_cpus_is_refused_or_flagged():
         check_provenance(same_commit_other_cpu)
     with pytest.raises(ValueError, match=r"lack column\(s\) \['git_commit', 'cpu'\]"):
         check_provenance(runs.drop(columns=["git_commit", "cpu"]))
+
+
+def test_commits_with_the_same_library_code_are_one_version_and_others_are_not(tmp_path):
+    import subprocess
+
+    from nodelm_lib.runs.records import same_library
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    library = tmp_path / "nodelm_lib"
+    library.mkdir()
+    git("init", "-q")
+    commits = []
+    for path, text in (("nodelm_lib/a.py", "x = 1\n"), ("README.md", "docs\n"), ("nodelm_lib/a.py", "x = 2\n")):
+        (tmp_path / path).write_text(text)
+        git("add", "-A")
+        git("commit", "-q", "-m", path)
+        commits.append(git("rev-parse", "--short", "HEAD"))
+    first, docs_only, code_changed = commits
+    assert same_library([first, docs_only], library)
+    assert not same_library([first, docs_only, code_changed], library)
+    assert not same_library([first, "unknown"], library) and not same_library([first, "0000000"], library)
+
+    runs = pd.DataFrame([row("gpt", 0, first), row("gpt", 1, docs_only)])
+    assert check_provenance(runs, library=library) == (
+        f"all 2 runs by commits {', '.join(sorted([first, docs_only]))} (the same nodelm_lib code) on AMD EPYC (AVX2)")
+    with pytest.raises(ValueError, match="2 library versions or CPUs"):
+        check_provenance(pd.DataFrame([row("gpt", 0, first), row("gpt", 1, code_changed)]), library=library)
+    with pytest.raises(ValueError, match="2 library versions or CPUs"):  # the same code on two kinds of CPU
+        check_provenance(pd.DataFrame([row("gpt", 0, first), row("gpt", 1, docs_only, "AVX512")]), library=library)
+
+
+def test_without_git_or_a_checkout_commits_are_never_taken_for_one_version(tmp_path, monkeypatch):
+    import subprocess
+
+    from nodelm_lib.runs import records
+
+    outside = tmp_path / "installed" / "nodelm_lib"  # a wheel's copy: no checkout above it
+    outside.mkdir(parents=True)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    assert not records.same_library(["abc1234", "def5678"], outside)
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert not records.same_library(["abc1234", "def5678"])

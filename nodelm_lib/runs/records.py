@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from nodelm_lib.config import TrainConfig
@@ -66,20 +68,44 @@ def record_provenance(record: RunRecord) -> dict:
     return {"git_commit": env.get("git_commit", "unknown"), "cpu": cpu}
 
 
-def check_provenance(runs: pd.DataFrame, allow_mixed: bool = False) -> str:
+LIBRARY = Path(__file__).resolve().parents[1]  # nodelm_lib/, whose code makes a record's numbers
+
+
+def same_library(commits: Iterable[str], library: Path = LIBRARY) -> bool:
+    """True when git says that every one of ``commits`` holds the same ``library`` folder (the
+    same code under another commit: the docs or results changed between them); False when they
+    differ, or when git cannot tell (no checkout, or a commit it does not know)."""
+    commits = sorted(set(commits))
+    try:
+        root = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=library, capture_output=True, text=True)
+    except OSError:  # no git installed
+        return False
+    if root.returncode != 0 or "unknown" in commits:
+        return False
+    top = Path(root.stdout.strip()).resolve()
+    folder = library.resolve().relative_to(top).as_posix()  # a pathspec is read from the working directory
+    return all(subprocess.run(["git", "diff", "--quiet", commits[0], other, "--", folder], cwd=top,
+                              capture_output=True).returncode == 0 for other in commits[1:])
+
+
+def check_provenance(runs: pd.DataFrame, allow_mixed: bool = False, library: Path = LIBRARY) -> str:
     """One line saying which library version and CPU made the runs of a table (``record_row``'s
-    ``git_commit`` and ``cpu``). Runs of several commits or CPUs raise a ValueError listing each
+    ``git_commit`` and ``cpu``). Runs of several commits whose ``nodelm_lib/`` is the same code
+    (``same_library``: a sweep trained over several sessions, between which only docs or results
+    changed) are one version. Runs of several versions or CPUs raise a ValueError listing each
     group and its arms, unless ``allow_mixed`` (then the line says MIXED, for the table's caption):
     a table's rows should differ in nothing but their arm."""
     missing = [c for c in ("git_commit", "cpu") if c not in runs.columns]
     if missing:
         raise ValueError(f"the runs lack column(s) {missing}: build them with record_row")
+    cpus, commits = sorted(set(runs["cpu"])), sorted(set(runs["git_commit"]))
+    if len(cpus) == 1 and len(commits) == 1:
+        return f"all {len(runs)} runs by commit {commits[0]} on {cpus[0]}"
+    if len(cpus) == 1 and same_library(commits, library):
+        return f"all {len(runs)} runs by commits {', '.join(commits)} (the same nodelm_lib code) on {cpus[0]}"
     groups = runs.groupby(["git_commit", "cpu"], sort=True)
     parts = [f"commit {commit} on {cpu}: {len(g)} runs ({', '.join(map(str, dict.fromkeys(g['arm'])))})"
              for (commit, cpu), g in groups]
-    if len(parts) == 1:
-        (commit, cpu), = groups.groups
-        return f"all {len(runs)} runs by commit {commit} on {cpu}"
     if not allow_mixed:
         raise ValueError(f"the runs of this table come from {len(parts)} library versions or CPUs: " + "; ".join(parts) +
                          ". Retrain the minority at one commit on one kind of CPU, or pass allow_mixed=True and say so "
