@@ -26,6 +26,13 @@
 # benchmarks' records under results/bench_cuda_*.
 set -u
 if [ "${1:-}" = "--prepare" ]; then
+  # a record names the commit it was trained at: uncommitted library code would make it claim another's
+  dirty=$(git status --porcelain -- nodelm_lib notebooks params)
+  if [ -n "$dirty" ]; then
+    echo "commit or stash these first: the chunk's records would name HEAD's commit, not this code" >&2
+    echo "$dirty" >&2
+    exit 1
+  fi
   shared=$(cd "$(dirname "$0")/../.." && pwd)/shared/data
   rm -rf .lease && mkdir -p .lease/data .lease/runs/gpu
   cp -r "$shared/wikitext-2-v1" "$shared/tinyshakespeare" "$shared/tiktoken_cache" .lease/data/  # the CUDA tests read tiny-shakespeare
