@@ -172,6 +172,8 @@ def test_a_model_on_the_chunked_scan_gives_the_fused_scans_outputs():
     torch.testing.assert_close(model(x), fused, atol=1e-10, rtol=1e-10)
     with pytest.raises(ValueError, match="chunk_size=6"):
         record.with_scan_chunk(model, 6)
+    record.with_scan_chunk(model, "triton")  # the Triton kernels: tests/test_scan_triton.py runs them
+    assert all(m.kernel == "triton" for m in layers)
 
 
 def test_the_associative_scan_candidates_are_offered_where_torch_has_the_operator():

@@ -20,6 +20,7 @@ from nodelm_lib.nn.time_grid import GridPoint
 from nodelm_lib.nn.time_layers import ModulatedLinear, StaticLinear
 
 from .common import CausalLM
+from .scan_triton import triton_selective_scan
 from .scans import (check_chunk_size, linear_recurrence, scan_in_float32, scan_with, selective_scan,
                     selective_scan_reference)
 
@@ -73,6 +74,7 @@ class SelectiveSSM(nn.Module):
         if chunk_size is not None:
             check_chunk_size(chunk_size)
         self.d_model, self.state_size, self.chunk_size = d_model, state_size, chunk_size
+        self.kernel: str | None = None  # "triton": scan_triton's kernels, a CUDA candidate (``scan``)
         self.time_dependent = hidden is not None
 
         def linear(in_features: int, out_features: int, bias: bool) -> nn.Module:
@@ -131,7 +133,13 @@ class SelectiveSSM(nn.Module):
 
     def scan(self):
         """The scan this layer runs: the fused ``selective_scan``, or with ``chunk_size`` the
-        chunked linear recurrence; in float32 at least (``scan_in_float32``)."""
+        chunked linear recurrence, or with ``kernel = "triton"`` the two Triton kernels of
+        ``scan_triton`` (a candidate on CUDA, not chosen by default until measured there); in
+        float32 at least (``scan_in_float32``)."""
+        if self.kernel not in (None, "triton"):
+            raise ValueError(f"kernel={self.kernel!r} is not valid; choose None (the library's scan) or 'triton'")
+        if self.kernel == "triton":
+            return functools.partial(scan_in_float32, triton_selective_scan)
         if self.chunk_size is None:
             return functools.partial(scan_in_float32, selective_scan)
         return functools.partial(scan_in_float32, scan_with(lambda a, b: linear_recurrence(a, b, self.chunk_size)))

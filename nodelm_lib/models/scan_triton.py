@@ -1,0 +1,226 @@
+"""The selective scan as two Triton kernels, a candidate for CUDA (``bench/scan.py``,
+``bench/record.py --gpu-scan-triton``); the layer runs it only when asked
+(``SelectiveSSM.kernel = "triton"``), until a GPU's measurement makes it the CUDA default.
+
+Why: on a GPU the library's scans are chains of many small operators, the chunked one over
+(B, T, D, N) tensors of decays and inputs, and under CUDA graphs both leave ``ti_ssm``'s step
+several times ``gpt``'s (docs/benchmarks.md). Here each program owns a block of channels of one
+sequence and keeps its (BLOCK_D, N) state in registers while it walks the positions: the forward
+is one kernel that reads the inputs once and writes y, the last state and the states H that the
+backward reads; the backward is one kernel walking back.
+
+The same recurrence as ``selective_scan`` (``scans.py``): with a_s = exp(Delta_s A) and
+b_s = Delta_s x_s B_s, h_s = a_s h_{s-1} + b_s (h_{-1} = h0, default 0) and y_s = h_s C_s.
+Backward, walking s from T-1 down with g the gradient of h_s:
+
+    g += gy_s C_s;  grad a_s = g h_{s-1};  grad b_s = g;  g <- a_s g  (the gradient of h_{s-1})
+
+from which grad Delta_s = sum_n(grad a_s a_s A) + x_s sum_n(g B_s), grad x_s = Delta_s sum_n(g B_s),
+and grad A, grad B_s, grad C_s sum over the channels or sequences they are shared by. Those sums
+cross programs: each program writes its own partial sums and torch adds them, in a fixed order, so
+the results are the same on every run (atomic adds would not be).
+
+Triton is imported lazily: on a machine without it nothing here is needed. With
+``TRITON_INTERPRET=1`` set before Triton is imported, the kernels run on CPU tensors (slowly),
+which is how the tests check them without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+BLOCK_D = 32  # channels per program: 8 programs per sequence at d = 256, 256 over a batch of 32
+
+
+def available() -> bool:
+    """Whether Triton can be imported here."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels():
+    """The two kernels, built on first use (Triton is imported here, not at module load)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def forward(x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, last_ptr, H_ptr,
+                T, D, N, HAS_H0: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+        b, blk = tl.program_id(0), tl.program_id(1)
+        d = blk * BLOCK_D + tl.arange(0, BLOCK_D)
+        n = tl.arange(0, BLOCK_N)
+        dm, nm = d < D, n < N
+        dn = dm[:, None] & nm[None, :]
+        A = tl.load(A_ptr + d[:, None] * N + n[None, :], mask=dn, other=0.0)
+        state = d[:, None] * N + n[None, :]  # offsets of a (D, N) state of one sequence
+        if HAS_H0:
+            h = tl.load(h0_ptr + b * D * N + state, mask=dn, other=0.0)
+        else:
+            h = tl.zeros((BLOCK_D, BLOCK_N), dtype=A.dtype)
+        for s in range(T):
+            row = (b * T + s) * D
+            x = tl.load(x_ptr + row + d, mask=dm, other=0.0)
+            dt = tl.load(delta_ptr + row + d, mask=dm, other=0.0)
+            Bs = tl.load(B_ptr + (b * T + s) * N + n, mask=nm, other=0.0)
+            Cs = tl.load(C_ptr + (b * T + s) * N + n, mask=nm, other=0.0)
+            h = tl.exp(dt[:, None] * A) * h + (dt * x)[:, None] * Bs[None, :]
+            tl.store(H_ptr + (b * T + s) * D * N + state, h, mask=dn)
+            tl.store(y_ptr + row + d, tl.sum(h * Cs[None, :], axis=1), mask=dm)
+        tl.store(last_ptr + b * D * N + state, h, mask=dn)
+
+    @triton.jit
+    def backward(gy_ptr, glast_ptr, x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, H_ptr,
+                 gx_ptr, gdelta_ptr, gA_ptr, gB_ptr, gC_ptr, gh0_ptr,
+                 T, D, N, HAS_H0: tl.constexpr, HAS_GLAST: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+        b, blk = tl.program_id(0), tl.program_id(1)
+        d = blk * BLOCK_D + tl.arange(0, BLOCK_D)
+        n = tl.arange(0, BLOCK_N)
+        dm, nm = d < D, n < N
+        dn = dm[:, None] & nm[None, :]
+        A = tl.load(A_ptr + d[:, None] * N + n[None, :], mask=dn, other=0.0)
+        state = d[:, None] * N + n[None, :]
+        if HAS_GLAST:
+            g = tl.load(glast_ptr + b * D * N + state, mask=dn, other=0.0)
+        else:
+            g = tl.zeros((BLOCK_D, BLOCK_N), dtype=A.dtype)
+        gA = tl.zeros((BLOCK_D, BLOCK_N), dtype=A.dtype)
+        if HAS_H0:  # the state before position 0
+            h_init = tl.load(h0_ptr + b * D * N + state, mask=dn, other=0.0)
+        else:
+            h_init = tl.zeros((BLOCK_D, BLOCK_N), dtype=A.dtype)
+        for i in range(T):
+            s = T - 1 - i
+            row = (b * T + s) * D
+            x = tl.load(x_ptr + row + d, mask=dm, other=0.0)
+            dt = tl.load(delta_ptr + row + d, mask=dm, other=0.0)
+            gy = tl.load(gy_ptr + row + d, mask=dm, other=0.0)
+            Bs = tl.load(B_ptr + (b * T + s) * N + n, mask=nm, other=0.0)
+            Cs = tl.load(C_ptr + (b * T + s) * N + n, mask=nm, other=0.0)
+            h = tl.load(H_ptr + (b * T + s) * D * N + state, mask=dn, other=0.0)
+            before = tl.load(H_ptr + (b * T + tl.maximum(s - 1, 0)) * D * N + state, mask=dn, other=0.0)
+            h_prev = tl.where(s > 0, before, h_init)
+            # partial sums of this program's channels: torch adds the programs' in a fixed order
+            part = (blk * (tl.num_programs(0) * T) + b * T + s) * N + n
+            tl.store(gC_ptr + part, tl.sum(gy[:, None] * h, axis=0), mask=nm)
+            g += gy[:, None] * Cs[None, :]
+            a = tl.exp(dt[:, None] * A)
+            ga_a = g * h_prev * a  # grad a_s times a_s
+            gA += ga_a * dt[:, None]
+            gBx = tl.sum(g * Bs[None, :], axis=1)  # sum_n g B_s, per channel
+            tl.store(gdelta_ptr + row + d, tl.sum(ga_a * A, axis=1) + x * gBx, mask=dm)
+            tl.store(gx_ptr + row + d, dt * gBx, mask=dm)
+            tl.store(gB_ptr + part, tl.sum(g * (dt * x)[:, None], axis=0), mask=nm)
+            g = g * a
+        tl.store(gA_ptr + b * D * N + state, gA, mask=dn)  # one partial per sequence
+        if HAS_H0:
+            tl.store(gh0_ptr + b * D * N + state, g, mask=dn)
+
+    return forward, backward
+
+
+def _launch_shape(x: torch.Tensor, N: int):
+    import triton
+
+    batch, T, D = x.shape
+    return (batch, triton.cdiv(D, BLOCK_D)), dict(BLOCK_D=BLOCK_D, BLOCK_N=triton.next_power_of_2(N))
+
+
+def _forward(x, delta, A, B_s, C_s, h0):
+    (batch, T, D), N = x.shape, A.shape[1]
+    grid, blocks = _launch_shape(x, N)
+    y = torch.empty_like(x)
+    last = x.new_empty(batch, D, N)
+    H = x.new_empty(batch, T, D, N)
+    _kernels()[0][grid](x, delta, A, B_s, C_s, last if h0 is None else h0, y, last, H, T, D, N,
+                        HAS_H0=h0 is not None, **blocks)
+    return y, last, H
+
+
+def _backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H):
+    (batch, T, D), N = x.shape, A.shape[1]
+    grid, blocks = _launch_shape(x, N)
+    blocks_d = grid[1]
+    grad_x, grad_delta = torch.empty_like(x), torch.empty_like(delta)
+    grad_A = x.new_empty(batch, D, N)  # per sequence, summed below
+    grad_B, grad_C = x.new_empty(blocks_d, batch, T, N), x.new_empty(blocks_d, batch, T, N)  # per channel block
+    grad_h0 = torch.empty_like(h0) if h0 is not None else None
+    _kernels()[1][grid](grad_y, grad_last if grad_last is not None else x, x, delta, A, B_s, C_s,
+                        h0 if h0 is not None else x, H, grad_x, grad_delta, grad_A, grad_B, grad_C,
+                        grad_h0 if grad_h0 is not None else x, T, D, N,
+                        HAS_H0=h0 is not None, HAS_GLAST=grad_last is not None, **blocks)
+    return grad_x, grad_delta, grad_A.sum(0), grad_B.sum(0), grad_C.sum(0), grad_h0
+
+
+def _define_op():
+    """``torch.ops.nodelm.triton_scan`` (x, delta, A, B_s, C_s, h0) -> (y, last, H), differentiable
+    in its inputs: one operator to ``torch.compile`` (which neither traces into it nor breaks its
+    graph there) and to CUDA graphs; None where torch has no ``custom_op`` (< 2.4)."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+
+    @torch.library.custom_op("nodelm::triton_scan", mutates_args=(), schema=(
+        "(Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0) -> (Tensor, Tensor, Tensor)"))
+    def scan(x, delta, A, B_s, C_s, h0):
+        return _forward(x, delta, A, B_s, C_s, h0)
+
+    @scan.register_fake
+    def _(x, delta, A, B_s, C_s, h0):
+        (batch, T, D), N = x.shape, A.shape[1]
+        return torch.empty_like(x), x.new_empty(batch, D, N), x.new_empty(batch, T, D, N)
+
+    @torch.library.custom_op("nodelm::triton_scan_backward", mutates_args=(), schema=(
+        "(Tensor grad_y, Tensor? grad_last, Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0, "
+        "Tensor H) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
+    def scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H):
+        *grads, grad_h0 = _backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H)
+        return *grads, x.new_empty(0) if grad_h0 is None else grad_h0  # no h0: an empty grad_h0
+
+    @scan_backward.register_fake
+    def _(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H):
+        return (*(torch.empty_like(t) for t in (x, delta, A, B_s, C_s)),
+                x.new_empty(0) if h0 is None else torch.empty_like(h0))
+
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[2])  # H: saved for backward, never a result
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*inputs, output[2])
+
+    def backward(ctx, grad_y, grad_last, _grad_H):
+        x, delta, A, B_s, C_s, h0, H = ctx.saved_tensors
+        grad_y = torch.zeros_like(x) if grad_y is None else grad_y.contiguous()
+        grad_last = None if grad_last is None else grad_last.contiguous()
+        *grads, grad_h0 = scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H)
+        return *grads, None if h0 is None else grad_h0
+
+    scan.register_autograd(backward, setup_context=setup_context)
+    return scan
+
+
+TRITON_SCAN = _define_op()
+
+
+def triton_selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B_s: torch.Tensor,
+                          C_s: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scans.selective_scan`` on the two kernels: y (B, T, D) and the last state (B, D, N),
+    differentiable in every input. In float32 (the layer calls it through ``scan_in_float32``) or
+    float64 (the tests), every input alike."""
+    if x.shape != delta.shape or x.dim() != 3:
+        raise ValueError(f"x and delta must have the same shape (B, T, D); got {tuple(x.shape)} and {tuple(delta.shape)}")
+    dtypes = {t.dtype for t in (x, delta, A, B_s, C_s, h0) if t is not None}
+    if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
+        raise ValueError(f"the Triton scan takes inputs all float32 or all float64; got {sorted(map(str, dtypes))}")
+    batch, T, D = x.shape
+    if batch * T * D * A.shape[1] >= 2**31:  # the kernels index with 32-bit integers
+        raise ValueError(f"the Triton scan takes fewer than 2**31 state entries (B T D N); got {batch * T * D * A.shape[1]}")
+    if TRITON_SCAN is None:
+        raise RuntimeError(f"the Triton scan needs torch.library.custom_op (torch >= 2.4); this is torch {torch.__version__}")
+    x, delta, A, B_s, C_s = (t.contiguous() for t in (x, delta, A, B_s, C_s))
+    y, last, _ = TRITON_SCAN(x, delta, A, B_s, C_s, None if h0 is None else h0.contiguous())
+    return y, last
