@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -97,7 +98,7 @@ def tiny_arms() -> tuple[nl.TrainConfig, dict[str, nl.ModelConfig]]:
 
 
 def profile_arm(base: nl.TrainConfig, cfg: nl.ModelConfig, mode: str, steps: int, top: int,
-                chunk: int | None, device: str) -> dict:
+                chunk: int | str | None, device: str) -> dict:
     """One arm in one mode: warm-up (compilation), ``steps`` timed steps, ``steps`` profiled."""
     torch.manual_seed(0)
     model = with_scan_chunk(nl.build_model(cfg), chunk).to(device).train()
@@ -125,12 +126,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--modes", nargs="+", choices=sorted(MODES), default=["compiled", "cudagraphs"])
     p.add_argument("--scan-chunk", type=int, default=None, metavar="L",
                    help="also profile each scan arm on the chunked scan of chunk size L")
+    p.add_argument("--scan-triton", action="store_true",
+                   help="also profile each scan arm on the Triton kernels (models/scan_triton.py)")
     p.add_argument("--steps", type=int, default=10, help="timed and profiled steps per arm and mode")
     p.add_argument("--top", type=int, default=10, help="kernels listed per arm and mode")
     p.add_argument("--tiny", action="store_true", help="narrow character arms on the CPU (a check of the script)")
     p.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.txt")
     a = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not a.tiny else "cpu"
+    if device == "cpu" and a.scan_triton:
+        os.environ["TRITON_INTERPRET"] = "1"  # Triton's interpreter, read when Triton is first imported
     if device == "cuda":
         enable_tf32()  # as nl.train on CUDA
     base, arms = tiny_arms() if a.tiny else gpu_02_arms()
@@ -140,10 +145,12 @@ def main(argv: list[str] | None = None) -> None:
     cases = [(name, None) for name in a.archs]
     if a.scan_chunk is not None:
         cases += [(name, a.scan_chunk) for name in a.archs if arms[name].arch in ("ti_ssm", "ssm")]
+    if a.scan_triton:
+        cases += [(name, "triton") for name in a.archs if arms[name].arch in ("ti_ssm", "ssm")]
     rows, lines = [], []
     for mode in a.modes:
         for name, chunk in cases:
-            case = name if chunk is None else f"{name}, chunked L={chunk}"
+            case = {None: name, "triton": f"{name}, Triton kernels"}.get(chunk, f"{name}, chunked L={chunk}")
             row = dict(mode=mode, case=case, **profile_arm(base, arms[name], mode, a.steps, a.top, chunk, device))
             rows.append(row)
             lines.append(f"{mode:10s} {case:22s} wall {row['wall_ms']:7.2f} ms  GPU busy {row['busy_ms']:7.2f} ms  "

@@ -14,12 +14,13 @@
 # On the device (the `run` tool; carry .lease), with the seconds the whole script may take (keep
 # them under the command's limit) and the steps to take (default: all, in this order):
 #     bash bench/gpu_lease.sh $OUT 570 tests,scan,steps,many,kernels,chunk
-#   tests  tests/test_cuda.py (~2 min); the chunk is skipped if they fail
+#   tests  tests/test_cuda.py and the Triton scan's tests on the GPU (~2 min); the chunk is skipped if they fail
 #   scan   bench/scan.py's candidates alone at 02's gpu sizes (~30 s)
-#   steps  training steps of gpt, ti_ssm and ssm under CUDA graphs, fused and chunked scan (~3 min)
+#   steps  training steps of gpt, ti_ssm and ssm under CUDA graphs and eager, on the fused, the chunked
+#          and the Triton scan (~4 min)
 #   many   bench/many_runs.py: 8 runs at once against one alone, after a warm-up run (~3 min)
 #   kernels  bench/gpu_kernels.py: GPU busy time and kernels of gpt's and ti_ssm's compiled step,
-#          fused and chunked scan: what bounds ti_ssm's step (~2 min)
+#          fused, chunked and Triton scan: what bounds ti_ssm's step (~2 min)
 #   chunk  the runs of 02's gpu profile that fit in what is left, less a minute's margin
 # Back here: python -m nodelm_lib import-runs <files_at>/chunk.tar.gz --store results/runs/gpu
 # (commit the records; the next lease continues where this chunk stopped), and copy the
@@ -68,7 +69,7 @@ cp -n .lease/tokens/* .cache/tokens/ 2>/dev/null
 tests_ok=1
 
 if want tests; then
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$out/test_cuda.log" 2>&1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_scan_triton.py > "$out/test_cuda.log" 2>&1
   code=$?; [ $code -eq 0 ] || tests_ok=0
   echo "test_cuda: exit $code ($(tail -1 "$out/test_cuda.log"))" | tee -a "$out/gpu.txt"
 fi
@@ -78,8 +79,8 @@ if want scan; then
   echo "scan: exit ${PIPESTATUS[0]}" | tee -a "$out/gpu.txt"
 fi
 if want steps; then  # rows are written as they are measured: a timeout keeps what was timed
-  timeout 240 python3 bench/record.py --only gpu --gpu-modes eager cudagraphs --gpu-archs ti_ssm ssm \
-    --gpu-scan-chunk 8 --gpu-steps 20 --out "$out/bench_cuda_scan_steps" >> "$out/bench.log" 2>&1
+  timeout 240 python3 bench/record.py --only gpu --gpu-modes cudagraphs eager --gpu-archs ti_ssm ssm \
+    --gpu-scan-chunk 8 --gpu-scan-triton --gpu-steps 20 --out "$out/bench_cuda_scan_steps" >> "$out/bench.log" 2>&1
   echo "steps: exit $?" | tee -a "$out/gpu.txt"
 fi
 if want many; then
@@ -88,7 +89,7 @@ if want many; then
   echo "many: exit $? ($(tail -1 "$out/bench.log"))" | tee -a "$out/gpu.txt"
 fi
 if want kernels; then  # rows are written as they are measured, as in steps
-  timeout 180 python3 bench/gpu_kernels.py --modes compiled --archs gpt ti_ssm --scan-chunk 8 --steps 10 \
+  timeout 180 python3 bench/gpu_kernels.py --modes compiled --archs gpt ti_ssm --scan-chunk 8 --scan-triton --steps 10 \
     --out /tmp/bench_cuda_kernels >> "$out/bench.log" 2>&1
   echo "kernels: exit $?" | tee -a "$out/gpu.txt"
   cp /tmp/bench_cuda_kernels.json "$out/" 2>/dev/null; cat /tmp/bench_cuda_kernels.txt >> "$out/gpu.txt" 2>/dev/null

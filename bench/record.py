@@ -475,7 +475,8 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
     """Every arm of 02's gpu profile, one after another on the GPU (which nothing else shares):
     ``steps`` timed training steps after three untimed ones (the first of which compiles), per mode.
     ``scan_chunks``: each scan arm is also timed with every layer on the chunked scan of that
-    chunk size (case "ti_ssm, chunked L=8"), the candidate ``bench/scan.py`` found fastest alone."""
+    chunk size (case "ti_ssm, chunked L=8"), the candidate ``bench/scan.py`` found fastest alone,
+    or for "triton" on ``models/scan_triton.py``'s kernels (case "ti_ssm, Triton kernels")."""
     from nodelm_lib.experiments.estimate import estimate_time
 
     base, arms = gpu_02_arms()
@@ -486,7 +487,8 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
     chunk_of = {name: None for name in arms}
     for name, cfg in list(arms.items()):
         for L in scan_chunks if cfg.arch in ("ti_ssm", "ssm") else ():
-            arms[f"{name}, chunked L={L}"], chunk_of[f"{name}, chunked L={L}"] = cfg, L
+            case = f"{name}, Triton kernels" if L == "triton" else f"{name}, chunked L={L}"
+            arms[case], chunk_of[case] = cfg, L
     if device == "cuda":
         enable_tf32()  # as nl.train on CUDA
     peak = bf16_matmul_tflops(*(() if device == "cuda" else (256, 2)))
@@ -530,15 +532,19 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
     return rows
 
 
-def with_scan_chunk(model: torch.nn.Module, chunk_size: int | None) -> torch.nn.Module:
-    """``model`` with every selective SSM layer on the chunked scan of ``chunk_size`` (None: as built)."""
+def with_scan_chunk(model: torch.nn.Module, chunk_size: int | str | None) -> torch.nn.Module:
+    """``model`` with every selective SSM layer on the chunked scan of ``chunk_size``, or on the
+    Triton kernels for "triton" (None: as built)."""
     from nodelm_lib.models.scans import check_chunk_size
     from nodelm_lib.models.ssm import SelectiveSSM
 
-    if chunk_size is not None:
+    if chunk_size is not None and chunk_size != "triton":
         check_chunk_size(chunk_size)
-        for layer in model.modules():
-            if isinstance(layer, SelectiveSSM):
+    for layer in model.modules() if chunk_size is not None else ():
+        if isinstance(layer, SelectiveSSM):
+            if chunk_size == "triton":
+                layer.kernel = "triton"
+            else:
                 layer.chunk_size = chunk_size
     return model
 
@@ -585,6 +591,8 @@ def main() -> None:
     parser.add_argument("--gpu-archs", nargs="+", help="arms of the gpu part (default: all; gpt always)")
     parser.add_argument("--gpu-scan-chunk", type=int, nargs="+", default=[], metavar="L",
                         help="also time each scan arm on the chunked scan of chunk size L (a power of two)")
+    parser.add_argument("--gpu-scan-triton", action="store_true",
+                        help="also time each scan arm on the Triton kernels (models/scan_triton.py)")
     parser.add_argument("--out", default="results/bench_cpu", help="path stem of the .json and .csv")
     parser.add_argument("--child-arm", help=argparse.SUPPRESS)  # one arm's steps, printed as JSON
     parser.add_argument("--child-batch", type=int, default=12, help=argparse.SUPPRESS)
@@ -617,7 +625,7 @@ def main() -> None:
              "nanogpt": lambda: bench_nanogpt(args.rounds) + bench_nanogpt_whole_run(),
              "odeint": lambda: bench_odeint(2 * args.rounds + 1),
              "gpu": lambda: bench_02_gpu(args.gpu_steps, args.gpu_modes, args.gpu_archs,
-                                         write_row=lambda r: keep(r, "gpu"), scan_chunks=args.gpu_scan_chunk)}
+                                         write_row=lambda r: keep(r, "gpu"), scan_chunks=args.gpu_scan_chunk + ["triton"] * args.gpu_scan_triton)}
     for name in args.only or [p for p in parts if p != "gpu"]:
         for r in parts[name]():
             if name != "gpu":  # the gpu part keeps each row as it is measured

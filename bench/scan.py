@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from head_loss import timed  # median of repeats after a warm-up, synchronised on a GPU
+from nodelm_lib.models import scan_triton
 from nodelm_lib.models.scans import adjoint_recurrence, linear_recurrence, scan_in_float32, scan_with, selective_scan
 from nodelm_lib.training.profiling import cpu_description, peak_memory_mb
 
@@ -85,6 +86,8 @@ def candidates(T: int, device: str = "cpu") -> dict:
         if device == "cuda":  # the pointwise mode runs on CUDA only
             scans["associative_scan, compiled (candidate)"] = torch.compile(functools.partial(
                 scan_in_float32, scan_with(associative_recurrence("pointwise"))))
+    if device == "cuda" and scan_triton.available():  # on a CPU only Triton's (slow) interpreter runs it
+        scans["Triton kernels (candidate)"] = functools.partial(scan_in_float32, scan_triton.triton_selective_scan)
     return scans
 
 
