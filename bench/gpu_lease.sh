@@ -17,7 +17,7 @@
 #   tests  tests/test_cuda.py and the Triton scan's tests on the GPU (~2 min); the chunk is skipped if they fail
 #   scan   bench/scan.py's candidates alone at 02's gpu sizes (~30 s)
 #   steps  training steps of gpt, ti_ssm and ssm under CUDA graphs and eager, on the fused, the chunked
-#          and the Triton scan (~4 min)
+#          and the Triton scan (~5 min)
 #   many   bench/many_runs.py: 8 runs at once against one alone, after a warm-up run (~3 min)
 #   kernels  bench/gpu_kernels.py: GPU busy time and kernels of gpt's and ti_ssm's compiled step,
 #          fused, chunked and Triton scan: what bounds ti_ssm's step (~2 min)
@@ -79,7 +79,7 @@ if want scan; then
   echo "scan: exit ${PIPESTATUS[0]}" | tee -a "$out/gpu.txt"
 fi
 if want steps; then  # rows are written as they are measured: a timeout keeps what was timed
-  timeout 240 python3 bench/record.py --only gpu --gpu-modes cudagraphs eager --gpu-archs ti_ssm ssm \
+  timeout 300 python3 bench/record.py --only gpu --gpu-modes cudagraphs eager --gpu-archs ti_ssm ssm \
     --gpu-scan-chunk 8 --gpu-scan-triton --gpu-steps 20 --out "$out/bench_cuda_scan_steps" >> "$out/bench.log" 2>&1
   echo "steps: exit $?" | tee -a "$out/gpu.txt"
 fi
