@@ -87,7 +87,9 @@ def candidates(T: int, device: str = "cpu") -> dict:
             scans["associative_scan, compiled (candidate)"] = torch.compile(functools.partial(
                 scan_in_float32, scan_with(associative_recurrence("pointwise"))))
     if device == "cuda" and scan_triton.available():  # on a CPU only Triton's (slow) interpreter runs it
-        scans["Triton kernels (candidate)"] = functools.partial(scan_in_float32, scan_triton.triton_selective_scan)
+        for block_d in (16, 32, 64):  # channels per program: more programs hide more memory latency
+            scans[f"Triton kernels, {block_d} channels a program (candidate)"] = functools.partial(
+                scan_in_float32, functools.partial(scan_triton.triton_selective_scan, block_d=block_d))
     return scans
 
 

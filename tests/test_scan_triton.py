@@ -63,6 +63,18 @@ def test_the_triton_scan_equals_the_reference_with_every_gradient_in_float64(sha
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
+@pytest.mark.parametrize("block_d", [4, 64])  # many programs, or one block wider than the channels
+def test_any_channel_block_gives_the_same_scan(block_d):
+    inputs = scan_inputs(2, 5, 40, 3)
+    y, last, got = grads(lambda *t: scan_triton.triton_selective_scan(*t, block_d=block_d), inputs)
+    y_ref, last_ref, want = grads(selective_scan_reference, inputs)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-10)
+    for name, a, b in zip(NAMES, got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=lambda m, name=name: f"grad {name}: {m}")
+    with pytest.raises(ValueError, match="block_d=24 is not valid; it must be a power of two"):
+        scan_triton.triton_selective_scan(*inputs, block_d=24)
+
+
 @pytest.mark.parametrize("use_y,use_last", [(True, False), (False, True)])
 def test_only_the_outputs_or_only_the_last_state_carry_a_gradient(use_y, use_last):
     inputs = scan_inputs(2, 6, 33, 3)

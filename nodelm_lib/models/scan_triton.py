@@ -31,7 +31,7 @@ import functools
 
 import torch
 
-BLOCK_D = 32  # channels per program: 8 programs per sequence at d = 256, 256 over a batch of 32
+BLOCK_D = 32  # channels per program (default): 8 programs per sequence at d = 256, 256 over a batch of 32
 
 
 def available() -> bool:
@@ -125,16 +125,20 @@ def _kernels():
     return forward, backward
 
 
-def _launch_shape(x: torch.Tensor, N: int):
+def _launch_shape(x: torch.Tensor, N: int, block_d: int):
+    """The grid (sequences, channel blocks) and the kernels' block sizes: about four state entries
+    per thread, as many warps as that takes (1 to 8)."""
     import triton
 
     batch, T, D = x.shape
-    return (batch, triton.cdiv(D, BLOCK_D)), dict(BLOCK_D=BLOCK_D, BLOCK_N=triton.next_power_of_2(N))
+    block_n = triton.next_power_of_2(N)
+    warps = min(8, max(1, block_d * block_n // 128))
+    return (batch, triton.cdiv(D, block_d)), dict(BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps)
 
 
-def _forward(x, delta, A, B_s, C_s, h0):
+def _forward(x, delta, A, B_s, C_s, h0, block_d):
     (batch, T, D), N = x.shape, A.shape[1]
-    grid, blocks = _launch_shape(x, N)
+    grid, blocks = _launch_shape(x, N, block_d)
     y = torch.empty_like(x)
     last = x.new_empty(batch, D, N)
     H = x.new_empty(batch, T, D, N)
@@ -143,9 +147,9 @@ def _forward(x, delta, A, B_s, C_s, h0):
     return y, last, H
 
 
-def _backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H):
+def _backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d):
     (batch, T, D), N = x.shape, A.shape[1]
-    grid, blocks = _launch_shape(x, N)
+    grid, blocks = _launch_shape(x, N, block_d)
     blocks_d = grid[1]
     grad_x, grad_delta = torch.empty_like(x), torch.empty_like(delta)
     grad_A = x.new_empty(batch, D, N)  # per sequence, summed below
@@ -166,38 +170,40 @@ def _define_op():
         return None
 
     @torch.library.custom_op("nodelm::triton_scan", mutates_args=(), schema=(
-        "(Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0) -> (Tensor, Tensor, Tensor)"))
-    def scan(x, delta, A, B_s, C_s, h0):
-        return _forward(x, delta, A, B_s, C_s, h0)
+        "(Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0, int block_d) "
+        "-> (Tensor, Tensor, Tensor)"))
+    def scan(x, delta, A, B_s, C_s, h0, block_d):
+        return _forward(x, delta, A, B_s, C_s, h0, block_d)
 
     @scan.register_fake
-    def _(x, delta, A, B_s, C_s, h0):
+    def _(x, delta, A, B_s, C_s, h0, block_d):
         (batch, T, D), N = x.shape, A.shape[1]
         return torch.empty_like(x), x.new_empty(batch, D, N), x.new_empty(batch, T, D, N)
 
     @torch.library.custom_op("nodelm::triton_scan_backward", mutates_args=(), schema=(
         "(Tensor grad_y, Tensor? grad_last, Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0, "
-        "Tensor H) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
-    def scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H):
-        *grads, grad_h0 = _backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H)
+        "Tensor H, int block_d) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
+    def scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d):
+        *grads, grad_h0 = _backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d)
         return *grads, x.new_empty(0) if grad_h0 is None else grad_h0  # no h0: an empty grad_h0
 
     @scan_backward.register_fake
-    def _(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H):
+    def _(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d):
         return (*(torch.empty_like(t) for t in (x, delta, A, B_s, C_s)),
                 x.new_empty(0) if h0 is None else torch.empty_like(h0))
 
     def setup_context(ctx, inputs, output):
+        *tensors, ctx.block_d = inputs
         ctx.mark_non_differentiable(output[2])  # H: saved for backward, never a result
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*inputs, output[2])
+        ctx.save_for_backward(*tensors, output[2])
 
     def backward(ctx, grad_y, grad_last, _grad_H):
         x, delta, A, B_s, C_s, h0, H = ctx.saved_tensors
         grad_y = torch.zeros_like(x) if grad_y is None else grad_y.contiguous()
         grad_last = None if grad_last is None else grad_last.contiguous()
-        *grads, grad_h0 = scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H)
-        return *grads, None if h0 is None else grad_h0
+        *grads, grad_h0 = scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, ctx.block_d)
+        return *grads, None if h0 is None else grad_h0, None
 
     scan.register_autograd(backward, setup_context=setup_context)
     return scan
@@ -207,20 +213,24 @@ TRITON_SCAN = _define_op()
 
 
 def triton_selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B_s: torch.Tensor,
-                          C_s: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          C_s: torch.Tensor, h0: torch.Tensor | None = None,
+                          block_d: int = BLOCK_D) -> tuple[torch.Tensor, torch.Tensor]:
     """``scans.selective_scan`` on the two kernels: y (B, T, D) and the last state (B, D, N),
     differentiable in every input. In float32 (the layer calls it through ``scan_in_float32``) or
-    float64 (the tests), every input alike."""
+    float64 (the tests), every input alike. ``block_d``: channels per program, a power of two
+    (fewer: more programs to hide the GPU's memory latency; more: fewer partial sums)."""
     if x.shape != delta.shape or x.dim() != 3:
         raise ValueError(f"x and delta must have the same shape (B, T, D); got {tuple(x.shape)} and {tuple(delta.shape)}")
     dtypes = {t.dtype for t in (x, delta, A, B_s, C_s, h0) if t is not None}
     if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
         raise ValueError(f"the Triton scan takes inputs all float32 or all float64; got {sorted(map(str, dtypes))}")
+    if not isinstance(block_d, int) or block_d < 1 or block_d & (block_d - 1):
+        raise ValueError(f"block_d={block_d!r} is not valid; it must be a power of two (1, 2, 4, ...)")
     batch, T, D = x.shape
     if batch * T * D * A.shape[1] >= 2**31:  # the kernels index with 32-bit integers
         raise ValueError(f"the Triton scan takes fewer than 2**31 state entries (B T D N); got {batch * T * D * A.shape[1]}")
     if TRITON_SCAN is None:
         raise RuntimeError(f"the Triton scan needs torch.library.custom_op (torch >= 2.4); this is torch {torch.__version__}")
     x, delta, A, B_s, C_s = (t.contiguous() for t in (x, delta, A, B_s, C_s))
-    y, last, _ = TRITON_SCAN(x, delta, A, B_s, C_s, None if h0 is None else h0.contiguous())
+    y, last, _ = TRITON_SCAN(x, delta, A, B_s, C_s, None if h0 is None else h0.contiguous(), block_d)
     return y, last
