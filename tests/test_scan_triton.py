@@ -97,6 +97,8 @@ def test_the_triton_scan_is_deterministic_and_refuses_mixed_or_half_dtypes():
         scan_triton.triton_selective_scan(x.bfloat16(), delta.bfloat16(), A.bfloat16(), B_s.bfloat16(), C_s.bfloat16())
     with pytest.raises(ValueError, match=r"same shape \(B, T, D\)"):
         scan_triton.triton_selective_scan(x, delta[:, :-1], A, B_s, C_s)
+    with pytest.raises(ValueError, match=r"T >= 1; got \(2, 0, 70\)"):
+        scan_triton.triton_selective_scan(x[:, :0], delta[:, :0], A, B_s[:, :0], C_s[:, :0])
     big = torch.zeros(1, 1, 1).expand(2**12, 2**10, 2**5)  # 2**27 positions x channels, no memory
     with pytest.raises(ValueError, match=r"fewer than 2\*\*31 state entries \(B T D N\); got 2147483648"):
         scan_triton.triton_selective_scan(big, big, torch.zeros(1, 1).expand(2**5, 16), B_s, C_s)

@@ -95,6 +95,7 @@ def _kernels():
             h_init = tl.load(h0_ptr + b * D * N + state, mask=dn, other=0.0)
         else:
             h_init = tl.zeros((BLOCK_D, BLOCK_N), dtype=A.dtype)
+        h = tl.load(H_ptr + (b * T + T - 1) * D * N + state, mask=dn, other=0.0)  # h_s; each step reads h_{s-1}
         for i in range(T):
             s = T - 1 - i
             row = (b * T + s) * D
@@ -103,7 +104,6 @@ def _kernels():
             gy = tl.load(gy_ptr + row + d, mask=dm, other=0.0)
             Bs = tl.load(B_ptr + (b * T + s) * N + n, mask=nm, other=0.0)
             Cs = tl.load(C_ptr + (b * T + s) * N + n, mask=nm, other=0.0)
-            h = tl.load(H_ptr + (b * T + s) * D * N + state, mask=dn, other=0.0)
             before = tl.load(H_ptr + (b * T + tl.maximum(s - 1, 0)) * D * N + state, mask=dn, other=0.0)
             h_prev = tl.where(s > 0, before, h_init)
             # partial sums of this program's channels: torch adds the programs' in a fixed order
@@ -118,6 +118,7 @@ def _kernels():
             tl.store(gx_ptr + row + d, dt * gBx, mask=dm)
             tl.store(gB_ptr + part, tl.sum(g * (dt * x)[:, None], axis=0), mask=nm)
             g = g * a
+            h = h_prev
         tl.store(gA_ptr + b * D * N + state, gA, mask=dn)  # one partial per sequence
         if HAS_H0:
             tl.store(gh0_ptr + b * D * N + state, g, mask=dn)
@@ -219,8 +220,9 @@ def triton_selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
     differentiable in every input. In float32 (the layer calls it through ``scan_in_float32``) or
     float64 (the tests), every input alike. ``block_d``: channels per program, a power of two
     (fewer: more programs to hide the GPU's memory latency; more: fewer partial sums)."""
-    if x.shape != delta.shape or x.dim() != 3:
-        raise ValueError(f"x and delta must have the same shape (B, T, D); got {tuple(x.shape)} and {tuple(delta.shape)}")
+    if x.shape != delta.shape or x.dim() != 3 or x.shape[1] < 1:
+        raise ValueError(f"x and delta must have the same shape (B, T, D), T >= 1; got {tuple(x.shape)} and "
+                         f"{tuple(delta.shape)}")
     dtypes = {t.dtype for t in (x, delta, A, B_s, C_s, h0) if t is not None}
     if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
         raise ValueError(f"the Triton scan takes inputs all float32 or all float64; got {sorted(map(str, dtypes))}")
