@@ -45,85 +45,11 @@ def available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _kernels():
-    """The two kernels, built on first use (Triton is imported here, not at module load)."""
-    import triton
-    import triton.language as tl
+    """The forward and backward kernels (``scan_triton_kernels``), imported on first use: that
+    module imports Triton."""
+    from . import scan_triton_kernels
 
-    @triton.jit
-    def forward(x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, last_ptr, H_ptr,
-                T, D, N, HAS_H0: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-        b, blk = tl.program_id(0), tl.program_id(1)
-        d = blk * BLOCK_D + tl.arange(0, BLOCK_D)
-        n = tl.arange(0, BLOCK_N)
-        dm, nm = d < D, n < N
-        dn = dm[:, None] & nm[None, :]
-        A = tl.load(A_ptr + d[:, None] * N + n[None, :], mask=dn, other=0.0)
-        state = d[:, None] * N + n[None, :]  # offsets of a (D, N) state of one sequence
-        if HAS_H0:
-            h = tl.load(h0_ptr + b * D * N + state, mask=dn, other=0.0)
-        else:
-            h = tl.zeros((BLOCK_D, BLOCK_N), dtype=A.dtype)
-        for s in range(T):
-            row = (b * T + s) * D
-            x = tl.load(x_ptr + row + d, mask=dm, other=0.0)
-            dt = tl.load(delta_ptr + row + d, mask=dm, other=0.0)
-            Bs = tl.load(B_ptr + (b * T + s) * N + n, mask=nm, other=0.0)
-            Cs = tl.load(C_ptr + (b * T + s) * N + n, mask=nm, other=0.0)
-            h = tl.exp(dt[:, None] * A) * h + (dt * x)[:, None] * Bs[None, :]
-            tl.store(H_ptr + (b * T + s) * D * N + state, h, mask=dn)
-            tl.store(y_ptr + row + d, tl.sum(h * Cs[None, :], axis=1), mask=dm)
-        tl.store(last_ptr + b * D * N + state, h, mask=dn)
-
-    @triton.jit
-    def backward(gy_ptr, glast_ptr, x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, H_ptr,
-                 gx_ptr, gdelta_ptr, gA_ptr, gB_ptr, gC_ptr, gh0_ptr,
-                 T, D, N, HAS_H0: tl.constexpr, HAS_GLAST: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-        b, blk = tl.program_id(0), tl.program_id(1)
-        d = blk * BLOCK_D + tl.arange(0, BLOCK_D)
-        n = tl.arange(0, BLOCK_N)
-        dm, nm = d < D, n < N
-        dn = dm[:, None] & nm[None, :]
-        A = tl.load(A_ptr + d[:, None] * N + n[None, :], mask=dn, other=0.0)
-        state = d[:, None] * N + n[None, :]
-        if HAS_GLAST:
-            g = tl.load(glast_ptr + b * D * N + state, mask=dn, other=0.0)
-        else:
-            g = tl.zeros((BLOCK_D, BLOCK_N), dtype=A.dtype)
-        gA = tl.zeros((BLOCK_D, BLOCK_N), dtype=A.dtype)
-        if HAS_H0:  # the state before position 0
-            h_init = tl.load(h0_ptr + b * D * N + state, mask=dn, other=0.0)
-        else:
-            h_init = tl.zeros((BLOCK_D, BLOCK_N), dtype=A.dtype)
-        h = tl.load(H_ptr + (b * T + T - 1) * D * N + state, mask=dn, other=0.0)  # h_s; each step reads h_{s-1}
-        for i in range(T):
-            s = T - 1 - i
-            row = (b * T + s) * D
-            x = tl.load(x_ptr + row + d, mask=dm, other=0.0)
-            dt = tl.load(delta_ptr + row + d, mask=dm, other=0.0)
-            gy = tl.load(gy_ptr + row + d, mask=dm, other=0.0)
-            Bs = tl.load(B_ptr + (b * T + s) * N + n, mask=nm, other=0.0)
-            Cs = tl.load(C_ptr + (b * T + s) * N + n, mask=nm, other=0.0)
-            before = tl.load(H_ptr + (b * T + tl.maximum(s - 1, 0)) * D * N + state, mask=dn, other=0.0)
-            h_prev = tl.where(s > 0, before, h_init)
-            # partial sums of this program's channels: torch adds the programs' in a fixed order
-            part = (blk * (tl.num_programs(0) * T) + b * T + s) * N + n
-            tl.store(gC_ptr + part, tl.sum(gy[:, None] * h, axis=0), mask=nm)
-            g += gy[:, None] * Cs[None, :]
-            a = tl.exp(dt[:, None] * A)
-            ga_a = g * h_prev * a  # grad a_s times a_s
-            gA += ga_a * dt[:, None]
-            gBx = tl.sum(g * Bs[None, :], axis=1)  # sum_n g B_s, per channel
-            tl.store(gdelta_ptr + row + d, tl.sum(ga_a * A, axis=1) + x * gBx, mask=dm)
-            tl.store(gx_ptr + row + d, dt * gBx, mask=dm)
-            tl.store(gB_ptr + part, tl.sum(g * (dt * x)[:, None], axis=0), mask=nm)
-            g = g * a
-            h = h_prev
-        tl.store(gA_ptr + b * D * N + state, gA, mask=dn)  # one partial per sequence
-        if HAS_H0:
-            tl.store(gh0_ptr + b * D * N + state, g, mask=dn)
-
-    return forward, backward
+    return scan_triton_kernels.forward, scan_triton_kernels.backward
 
 
 def _launch_shape(x: torch.Tensor, N: int, block_d: int):
