@@ -27,8 +27,6 @@ which is how the tests check them without a GPU.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 BLOCK_D = 32  # channels per program (default): 8 programs per sequence at d = 256, 256 over a batch of 32
@@ -43,7 +41,6 @@ def available() -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
 def _kernels():
     """The forward and backward kernels (``scan_triton_kernels``), imported on first use: that
     module imports Triton."""
