@@ -3,7 +3,7 @@
 # sizes, the many-runs benchmark, the kernel profile, then one chunk of 02's gpu profile with the time
 # left. Everything it measures lands in $OUT: gpu.txt (the summary, the scan and kernel tables),
 # test_cuda.log, bench.log, the benchmarks' records, chunk.log and chunk.tar.gz. Only 8 files come
-# back from a call, and all steps write 9: name fewer steps (those whose records are committed).
+# back from a call, and all steps write 11: name fewer steps (those whose records are committed).
 #
 # Here, before the lease:
 #     bash bench/gpu_lease.sh --prepare
@@ -13,7 +13,7 @@
 #     bash bench/gpu_lease.sh --restore
 # On the device (the `run` tool; carry .lease), with the seconds the whole script may take (keep
 # them under the command's limit) and the steps to take (default: all, in this order):
-#     bash bench/gpu_lease.sh $OUT 570 tests,scan,steps,many,kernels,chunk
+#     bash bench/gpu_lease.sh $OUT 570 tests,scan,steps,many,kernels,manynode,mps,chunk
 #   tests  tests/test_cuda.py and the Triton scan's tests on the GPU (~2 min); the chunk is skipped if they fail
 #   scan   bench/scan.py's candidates alone at 02's gpu sizes (~30 s)
 #   steps  training steps of gpt, ti_ssm and ssm under CUDA graphs and eager, on the fused, the chunked
@@ -21,6 +21,8 @@
 #   many   bench/many_runs.py: 8 runs at once against one alone, after a warm-up run (~3 min)
 #   kernels  bench/gpu_kernels.py: GPU busy time and kernels of gpt's and ti_ssm's compiled step,
 #          fused, chunked and Triton scan: what bounds ti_ssm's step (~2 min)
+#   manynode  bench/many_runs.py with 8 node runs at once, the heaviest arm (~2 min)
+#   mps    the same under CUDA MPS (started here, quit at the end; a chunk after it runs under it) (~2 min)
 #   chunk  the runs of 02's gpu profile that fit in what is left, less a minute's margin
 # Back here: python -m nodelm_lib import-runs <files_at>/chunk.tar.gz --store results/runs/gpu
 # (commit the records; the next lease continues where this chunk stopped), and copy the
@@ -51,7 +53,7 @@ if [ "${1:-}" = "--restore" ]; then
 fi
 out=${1:?usage: bash bench/gpu_lease.sh OUT_DIR [seconds for the whole script] [steps] (or --prepare, here)}
 total=${2:-570}
-steps=,${3:-tests,scan,steps,many,kernels,chunk},
+steps=,${3:-tests,scan,steps,many,kernels,manynode,mps,chunk},
 started=$(date +%s)
 want() { [[ "$steps" == *",$1,"* ]]; }
 left() { echo $(( total - ($(date +%s) - started) )); }
@@ -94,6 +96,21 @@ if want kernels; then  # rows are written as they are measured, as in steps
   echo "kernels: exit $?" | tee -a "$out/gpu.txt"
   cp /tmp/bench_cuda_kernels.json "$out/" 2>/dev/null; cat /tmp/bench_cuda_kernels.txt >> "$out/gpu.txt" 2>/dev/null
 fi
+if want manynode; then  # the heaviest arm: 8 node runs at once against one alone, the GPU taking turns
+  timeout 200 python3 bench/many_runs.py --arm node --workers 8 --steps 300 --out "$out/bench_cuda_many_runs_node" \
+    >> "$out/bench.log" 2>&1
+  echo "manynode: exit $? ($(tail -1 "$out/bench.log"))" | tee -a "$out/gpu.txt"
+fi
+if want mps; then  # CUDA MPS: several processes' kernels on the GPU at once; the chunk after it uses it too
+  if nvidia-cuda-mps-control -d 2>> "$out/bench.log"; then
+    mps_started=1
+    timeout 200 python3 bench/many_runs.py --arm node --workers 8 --steps 300 --out "$out/bench_cuda_many_runs_node_mps" \
+      >> "$out/bench.log" 2>&1
+    echo "mps: exit $? ($(tail -1 "$out/bench.log"))" | tee -a "$out/gpu.txt"
+  else
+    echo "mps: the MPS control daemon did not start (bench.log)" | tee -a "$out/gpu.txt"
+  fi
+fi
 if want chunk; then
   # The margin covers start-up and packing; should a run still overrun, SIGINT (not timeout's
   # SIGTERM) lets the chunk pack what was stored before the command's own limit kills everything.
@@ -111,4 +128,7 @@ if want chunk; then
     echo "chunk: exit $? (0 complete, 3 more to do, 1 failed)" | tee -a "$out/gpu.txt"
     tail -5 "$out/chunk.log"
   fi
+fi
+if [ "${mps_started:-0}" = 1 ]; then  # leave the machine as it was found
+  echo quit | nvidia-cuda-mps-control
 fi

@@ -33,8 +33,8 @@ import nodelm_lib as nl  # noqa: E402
 from nodelm_lib.experiments.sweeps import train_all  # noqa: E402
 
 
-def base_config(tiny: bool, steps: int) -> nl.TrainConfig:
-    """02 gpu's ``gpt`` run cut to ``steps`` (evaluated once, at the end), or a tiny CPU stand-in."""
+def base_config(tiny: bool, steps: int, arm: str = "gpt") -> nl.TrainConfig:
+    """02 gpu's ``arm`` run cut to ``steps`` (evaluated once, at the end), or a tiny CPU stand-in."""
     if tiny:
         model = nl.ModelConfig(arch="gpt", d_model=32, n_heads=2, n_layers=1, max_seq_len=32)
         tc = nl.TrainConfig(model=model, dataset="tinyshakespeare", batch_size=4, seq_len=32)
@@ -42,10 +42,23 @@ def base_config(tiny: bool, steps: int) -> nl.TrainConfig:
         from record import gpu_02_arms
 
         tc, arms = gpu_02_arms()
-        tc = dataclasses.replace(tc, model=arms["gpt"])
+        if arm not in arms:
+            raise ValueError(f"arm={arm!r} is not an arm of 02's gpu profile; choose one of {', '.join(arms)}")
+        tc = dataclasses.replace(tc, model=arms[arm])
     # scored on two fixed batches once, at the end: the profile's whole-split scoring is not what is timed
     return dataclasses.replace(tc, max_steps=steps, warmup_steps=min(tc.warmup_steps, steps // 2),
                                eval_interval=steps, eval_on="batches", eval_batches=2, progress=False)
+
+
+def mps_running() -> bool | None:
+    """Whether a CUDA MPS control daemon runs here (then processes' kernels share the GPU at once,
+    instead of taking turns)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["pgrep", "-x", "nvidia-cuda-mps-control"], capture_output=True).returncode == 0
+    except OSError:  # no pgrep: say so rather than guess
+        return None
 
 
 def phase(base: nl.TrainConfig, seeds: list[int], workers: int) -> dict:
@@ -79,15 +92,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=8, help="runs at once in the second phase (>= 2)")
     p.add_argument("--steps", type=int, default=300, help="training steps per run")
+    p.add_argument("--arm", default="gpt", help="the arm of 02's gpu profile every run trains (default gpt)")
     p.add_argument("--tiny", action="store_true", help="a one-layer character model (a CPU check of the bench)")
     p.add_argument("--out", default="results/bench_cuda_many_runs", help="path stem of the .json written")
     a = p.parse_args()
     if a.workers < 2 or a.steps < 1:
         p.error(f"--workers {a.workers} --steps {a.steps}: need workers >= 2 and steps >= 1")
-    result = compare(base_config(a.tiny, a.steps), a.workers)
+    result = compare(base_config(a.tiny, a.steps, a.arm), a.workers)
     out = Path(a.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(steps=a.steps, tiny=a.tiny, **result), indent=1) + "\n")
+    out.write_text(json.dumps(dict(steps=a.steps, tiny=a.tiny, arm=a.arm, mps=mps_running(), **result), indent=1) + "\n")
     for name in ("alone", "together"):
         r = result[name]
         print(f"{r['workers']} at a time: {r['runs']} run(s), {r['wall_s']:.1f} s wall, "

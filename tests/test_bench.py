@@ -272,6 +272,10 @@ def test_many_runs_compares_k_runs_at_once_with_one_alone_by_wall_and_loop_throu
                 for tc in configs]
 
     monkeypatch.setattr(many_runs, "train_all", fake_train_all)
+    node = many_runs.base_config(tiny=False, steps=5, arm="node")
+    assert node.model.arch == "node" and node.max_steps == 5 and node.eval_on == "batches"
+    with pytest.raises(ValueError, match="arm='mamba' is not an arm of 02's gpu profile; choose one of gpt"):
+        many_runs.base_config(tiny=False, steps=5, arm="mamba")
     base = many_runs.base_config(tiny=True, steps=5)
     assert base.max_steps == 5 and base.eval_interval == 5
     result = many_runs.compare(base, 4)
