@@ -23,7 +23,7 @@
 #          fused, chunked and Triton scan: what bounds ti_ssm's step (~2 min)
 #   manynode  bench/many_runs.py with 8 node runs at once, the heaviest arm (~2 min)
 #   mps    the same under CUDA MPS (started here, quit at the end; a chunk after it runs under it) (~2 min)
-#   chunk  the runs of 02's gpu profile that fit in what is left, less a minute's margin
+#   chunk  the runs of 02's gpu profile that fit in what is left, less 30 s to pack them
 # Back here: python -m nodelm_lib import-runs <files_at>/chunk.tar.gz --store results/runs/gpu
 # (commit the records; the next lease continues where this chunk stopped), and copy the
 # benchmarks' records under results/bench_cuda_*.
@@ -112,9 +112,11 @@ if want mps; then  # CUDA MPS: several processes' kernels on the GPU at once; th
   fi
 fi
 if want chunk; then
-  # The margin covers start-up and packing; should a run still overrun, SIGINT (not timeout's
-  # SIGTERM) lets the chunk pack what was stored before the command's own limit kills everything.
-  budget=$(( $(left) - 60 ))
+  # The margin covers packing (seconds: records only); should a run still overrun, SIGINT (not
+  # timeout's SIGTERM) lets the chunk pack what was stored before the command's own limit kills
+  # everything. A 4000-step run of 02's heavier arms, 8 at once, is priced near 480 s: every second
+  # of the budget counts.
+  budget=$(( $(left) - 30 ))
   echo "chunk budget: ${budget} s of $(left) s left" | tee -a "$out/gpu.txt"
   echo "store: $(ls results/runs/gpu | wc -l) records before the chunk" | tee -a "$out/gpu.txt"
   if [ $tests_ok -eq 0 ]; then
@@ -122,7 +124,7 @@ if want chunk; then
   elif [ "$budget" -le 60 ]; then
     echo "chunk skipped: no time left" | tee -a "$out/gpu.txt"
   else
-    timeout -s INT -k 20 $(( budget + 45 )) \
+    timeout -s INT -k 15 $(( budget + 15 )) \
       python3 -m nodelm_lib chunk 02_seed_comparison --profile gpu --budget "$budget" --unknown-run-s 150 \
       --archive "$out/chunk.tar.gz" > "$out/chunk.log" 2>&1
     echo "chunk: exit $? (0 complete, 3 more to do, 1 failed)" | tee -a "$out/gpu.txt"
