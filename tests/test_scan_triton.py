@@ -99,9 +99,14 @@ def test_the_triton_scan_is_deterministic_and_refuses_mixed_or_half_dtypes():
         scan_triton.triton_selective_scan(x, delta[:, :-1], A, B_s, C_s)
     with pytest.raises(ValueError, match=r"T >= 1; got \(2, 0, 70\)"):
         scan_triton.triton_selective_scan(x[:, :0], delta[:, :0], A, B_s[:, :0], C_s[:, :0])
+    with pytest.raises(ValueError, match=r"B_s has shape \(2, 5, 3\); with x \(2, 5, 70\) and A's 4 states it must be \(2, 5, 4\)"):
+        scan_triton.triton_selective_scan(x, delta, A, B_s[..., :3], C_s)
+    with pytest.raises(ValueError, match=r"h0 has shape \(2, 4, 70\); .* must be \(2, 70, 4\)"):
+        scan_triton.triton_selective_scan(x, delta, A, B_s, C_s, h0.transpose(1, 2))
     big = torch.zeros(1, 1, 1).expand(2**12, 2**10, 2**5)  # 2**27 positions x channels, no memory
+    big_bc = torch.zeros(1, 1, 1).expand(2**12, 2**10, 16)
     with pytest.raises(ValueError, match=r"fewer than 2\*\*31 state entries \(B T D N\); got 2147483648"):
-        scan_triton.triton_selective_scan(big, big, torch.zeros(1, 1).expand(2**5, 16), B_s, C_s)
+        scan_triton.triton_selective_scan(big, big, torch.zeros(1, 1).expand(2**5, 16), big_bc, big_bc)
 
 
 def test_a_layer_on_the_triton_kernels_gives_its_reference_forward_and_gradients():

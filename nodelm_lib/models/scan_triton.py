@@ -146,14 +146,19 @@ def triton_selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
     if x.shape != delta.shape or x.dim() != 3 or x.shape[1] < 1:
         raise ValueError(f"x and delta must have the same shape (B, T, D), T >= 1; got {tuple(x.shape)} and "
                          f"{tuple(delta.shape)}")
+    (batch, T, D), N = x.shape, A.shape[-1]
+    expected = {"A": (D, N), "B_s": (batch, T, N), "C_s": (batch, T, N), "h0": (batch, D, N)}
+    for name, t in zip(expected, (A, B_s, C_s, h0)):  # the kernels index by these shapes, unchecked
+        if t is not None and tuple(t.shape) != expected[name]:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; with x {tuple(x.shape)} and A's {N} states it must "
+                             f"be {expected[name]}")
     dtypes = {t.dtype for t in (x, delta, A, B_s, C_s, h0) if t is not None}
     if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
         raise ValueError(f"the Triton scan takes inputs all float32 or all float64; got {sorted(map(str, dtypes))}")
     if not isinstance(block_d, int) or block_d < 1 or block_d & (block_d - 1):
         raise ValueError(f"block_d={block_d!r} is not valid; it must be a power of two (1, 2, 4, ...)")
-    batch, T, D = x.shape
-    if batch * T * D * A.shape[1] >= 2**31:  # the kernels index with 32-bit integers
-        raise ValueError(f"the Triton scan takes fewer than 2**31 state entries (B T D N); got {batch * T * D * A.shape[1]}")
+    if batch * T * D * N >= 2**31:  # the kernels index with 32-bit integers
+        raise ValueError(f"the Triton scan takes fewer than 2**31 state entries (B T D N); got {batch * T * D * N}")
     if TRITON_SCAN is None:
         raise RuntimeError(f"the Triton scan needs torch.library.custom_op (torch >= 2.4); this is torch {torch.__version__}")
     x, delta, A, B_s, C_s = (t.contiguous() for t in (x, delta, A, B_s, C_s))
