@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from .scans import check_power_of_two
+
 BLOCK_D = 32  # channels per program (default): 8 programs per sequence at d = 256, 256 over a batch of 32
 
 
@@ -155,8 +157,7 @@ def triton_selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
     dtypes = {t.dtype for t in (x, delta, A, B_s, C_s, h0) if t is not None}
     if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
         raise ValueError(f"the Triton scan takes inputs all float32 or all float64; got {sorted(map(str, dtypes))}")
-    if not isinstance(block_d, int) or block_d < 1 or block_d & (block_d - 1):
-        raise ValueError(f"block_d={block_d!r} is not valid; it must be a power of two (1, 2, 4, ...)")
+    check_power_of_two("block_d", block_d)
     if batch * T * D * N >= 2**31:  # the kernels index with 32-bit integers
         raise ValueError(f"the Triton scan takes fewer than 2**31 state entries (B T D N); got {batch * T * D * N}")
     if TRITON_SCAN is None:

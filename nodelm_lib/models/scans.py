@@ -36,10 +36,15 @@ from nodelm_lib.nn.decode_cache import compiling
 LOG2_E = 1.4426950408889634
 
 
+def check_power_of_two(name: str, value: int) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is a power of two (1, 2, 4, ...)."""
+    if not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise ValueError(f"{name}={value!r} is not valid; it must be a power of two (1, 2, 4, ...)")
+
+
 def check_chunk_size(chunk_size: int) -> None:
     """Raise ValueError unless ``chunk_size`` is a power of two (1, 2, 4, ...)."""
-    if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
-        raise ValueError(f"chunk_size={chunk_size!r} is not valid; it must be a power of two (1, 2, 4, ...)")
+    check_power_of_two("chunk_size", chunk_size)
 
 
 @torch.no_grad()
