@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nodelm_lib as nl  # noqa: E402
 from nodelm_lib.training.device import enable_tf32  # noqa: E402
-from record import cuda_seconds, gpu_02_arms, machine, our_training_step, with_scan_chunk  # noqa: E402
+from record import cuda_seconds, gpu_02_arms, machine, our_training_step, scan_case, with_scan_chunk  # noqa: E402
 
 MODES = {"eager": lambda m: m, "compiled": torch.compile,
          "cudagraphs": lambda m: torch.compile(m, mode="reduce-overhead")}
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     rows, lines = [], []
     for mode in a.modes:
         for name, chunk in cases:
-            case = {None: name, "triton": f"{name}, Triton kernels"}.get(chunk, f"{name}, chunked L={chunk}")
+            case = scan_case(name, chunk)
             row = dict(mode=mode, case=case, **profile_arm(base, arms[name], mode, a.steps, a.top, chunk, device))
             rows.append(row)
             lines.append(f"{mode:10s} {case:22s} wall {row['wall_ms']:7.2f} ms  GPU busy {row['busy_ms']:7.2f} ms  "

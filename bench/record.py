@@ -487,8 +487,7 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
     chunk_of = {name: None for name in arms}
     for name, cfg in list(arms.items()):
         for L in scan_chunks if cfg.arch in ("ti_ssm", "ssm") else ():
-            case = f"{name}, Triton kernels" if L == "triton" else f"{name}, chunked L={L}"
-            arms[case], chunk_of[case] = cfg, L
+            arms[scan_case(name, L)], chunk_of[scan_case(name, L)] = cfg, L
     if device == "cuda":
         enable_tf32()  # as nl.train on CUDA
     peak = bf16_matmul_tflops(*(() if device == "cuda" else (256, 2)))
@@ -532,15 +531,24 @@ def bench_02_gpu(steps: int, modes: list[str], archs: list[str] | None = None, w
     return rows
 
 
+def scan_case(arm: str, chunk_size: int | str | None) -> str:
+    """A benchmark row's case: the arm, on the chunked scan of ``chunk_size`` or the Triton kernels."""
+    if chunk_size is None:
+        return arm
+    return f"{arm}, Triton kernels" if chunk_size == "triton" else f"{arm}, chunked L={chunk_size}"
+
+
 def with_scan_chunk(model: torch.nn.Module, chunk_size: int | str | None) -> torch.nn.Module:
     """``model`` with every selective SSM layer on the chunked scan of ``chunk_size``, or on the
     Triton kernels for "triton" (None: as built)."""
     from nodelm_lib.models.scans import check_chunk_size
     from nodelm_lib.models.ssm import SelectiveSSM
 
-    if chunk_size is not None and chunk_size != "triton":
+    if chunk_size is None:
+        return model
+    if chunk_size != "triton":
         check_chunk_size(chunk_size)
-    for layer in model.modules() if chunk_size is not None else ():
+    for layer in model.modules():
         if isinstance(layer, SelectiveSSM):
             if chunk_size == "triton":
                 layer.kernel = "triton"
