@@ -7,6 +7,8 @@ it is imported, so it is set here first). Speed: ``bench/scan.py``, ``bench/reco
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -141,3 +143,37 @@ def test_a_compiled_layer_runs_the_triton_scan_as_one_operator_without_a_graph_b
     (g_grad,) = torch.autograd.grad(got.square().sum(), layer.A_log)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g_grad, w_grad, rtol=1e-5, atol=1e-6)
+
+
+COMPILE = """
+import torch
+from nodelm_lib.models import scan_triton
+for capability, dtype, block_d in {cases}:
+    cubins = scan_triton.compile_kernels(capability, getattr(torch, dtype), block_d)
+    assert all(c.startswith(b"\\x7fELF") for c in cubins.values()), capability  # machine code, not PTX
+    print(capability, dtype, block_d, ",".join(sorted(cubins)))
+"""
+
+
+def test_the_kernels_compile_to_machine_code_for_every_gpu_of_the_estimates(tmp_path):
+    # Triton's compiler and its ptxas, without a GPU: in a process of its own, since this one may
+    # run Triton's interpreter; a fresh cache, so each kernel is compiled here, not read back
+    cases = [(c, "float32", scan_triton.BLOCK_D) for c in sorted(set(scan_triton.CAPABILITIES.values()))]
+    cases += [(90, "float64", scan_triton.BLOCK_D), (90, "float32", 16), (90, "float32", 64)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run([sys.executable, "-c", COMPILE.format(cases=cases)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    variants = "backward HAS_H0=False HAS_GLAST=False,backward HAS_H0=False HAS_GLAST=True,backward HAS_H0=True " \
+               "HAS_GLAST=False,backward HAS_H0=True HAS_GLAST=True,forward HAS_H0=False,forward HAS_H0=True"
+    assert done.stdout.splitlines() == [f"{c} {d} {b} {variants}" for c, d, b in cases]
+
+
+def test_compiling_ahead_refuses_a_dtype_or_block_the_op_does_not_take():
+    with pytest.raises(ValueError, match=r"dtype=torch.bfloat16 is not valid; the Triton scan takes \['torch.float32', 'torch.float64'\]"):
+        scan_triton.compile_kernels(90, torch.bfloat16)
+    with pytest.raises(ValueError, match="block_d=24 is not valid; it must be a power of two"):
+        scan_triton.compile_kernels(90, block_d=24)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # this process runs the interpreter: nothing to compile
+        with pytest.raises(RuntimeError, match="needs its compiler; call it in a process without it"):
+            scan_triton.compile_kernels(90)

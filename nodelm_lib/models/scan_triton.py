@@ -62,6 +62,52 @@ def _launch_shape(x: torch.Tensor, N: int, block_d: int):
     return (batch, triton.cdiv(D, block_d)), dict(BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps)
 
 
+# the GPUs of ``estimate.GPUS`` by compute capability: what ``compile_kernels`` checks ahead of a lease
+CAPABILITIES = {"T4": 75, "A100": 80, "L4": 89, "H100": 90, "H200": 90}
+
+
+def compile_kernels(capability: int, dtype: torch.dtype = torch.float32, block_d: int = BLOCK_D,
+                    N: int = 16) -> dict[str, bytes]:
+    """Both kernels compiled as Triton compiles them for a GPU of compute ``capability`` (75, 80,
+    89, 90: ``CAPABILITIES``), on a machine without one: the machine code (cubin) of every variant
+    the op launches (with and without h0, and the backward with and without the last state's
+    gradient), by name, for ``dtype`` inputs, ``block_d`` channels per program and ``N`` states.
+
+    Why: Triton compiles a kernel when it is first launched, so one it cannot compile for a GPU
+    would otherwise fail only on that GPU, in a lease's minutes. This runs Triton's whole pipeline
+    to its bundled ptxas. It needs Triton's compiler, not its interpreter: in a process that
+    imported Triton with ``TRITON_INTERPRET=1`` set (the CPU tests) it raises; run it in another."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    pointer = {torch.float32: "*fp32", torch.float64: "*fp64"}
+    if dtype not in pointer:
+        raise ValueError(f"dtype={dtype} is not valid; the Triton scan takes {sorted(map(str, pointer))}")
+    check_power_of_two("block_d", block_d)
+    forward, backward = _kernels()
+    if not isinstance(forward, triton.runtime.JITFunction):
+        raise RuntimeError("Triton runs its interpreter in this process (TRITON_INTERPRET=1 was set when it was "
+                           "imported): compile_kernels needs its compiler; call it in a process without it")
+    _, blocks = _launch_shape(torch.empty(1, 1, block_d, device="meta"), N, block_d)
+    launch = dict(BLOCK_D=blocks["BLOCK_D"], BLOCK_N=blocks["BLOCK_N"])
+    variants = {f"forward HAS_H0={h0}": (forward, dict(launch, HAS_H0=h0)) for h0 in (False, True)}
+    variants |= {f"backward HAS_H0={h0} HAS_GLAST={glast}": (backward, dict(launch, HAS_H0=h0, HAS_GLAST=glast))
+                 for h0 in (False, True) for glast in (False, True)}
+    target = GPUTarget("cuda", capability, 32)
+    compiled = {}
+    for name, (kernel, constants) in variants.items():
+        # the launch's arguments: tensors (``*_ptr``), the sizes T, D, N (int32) and the constants
+        signature = {arg: "constexpr" if arg in constants else pointer[dtype] if arg.endswith("_ptr") else "i32"
+                     for arg in inspect.signature(kernel.fn).parameters}
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+        binary = triton.compile(source, target=target, options=dict(num_warps=blocks["num_warps"]))
+        compiled[name] = binary.asm["cubin"]
+    return compiled
+
+
 def _forward(x, delta, A, B_s, C_s, h0, block_d):
     (batch, T, D), N = x.shape, A.shape[1]
     grid, blocks = _launch_shape(x, N, block_d)
