@@ -36,6 +36,19 @@ if [ "${1:-}" = "--prepare" ]; then
     echo "$dirty" >&2
     exit 1
   fi
+  # Triton compiles its kernels on their first launch: one that cannot compile for the lease's GPU
+  # (compute capability 9.0) is found here, in seconds, rather than there
+  py=.venv/bin/python && [ -x "$py" ] || py=python3
+  if "$py" -c 'import triton' 2>/dev/null; then
+    if ! log=$("$py" -c 'from nodelm_lib.models import scan_triton as s; print(*s.compile_kernels(90), sep=", ")' 2>&1); then
+      echo "$log" | tail -20 >&2
+      echo "the Triton scan does not compile for sm_90 (above): fix it before the lease" >&2
+      exit 1
+    fi
+    echo "the Triton scan compiles for sm_90: $(echo "$log" | tail -1)"
+  else
+    echo "Triton is not installed here: its kernels are not compiled ahead of the lease"
+  fi
   shared=$(cd "$(dirname "$0")/../.." && pwd)/shared/data
   rm -rf .lease && mkdir -p .lease/data .lease/runs/gpu
   cp -r "$shared/wikitext-2-v1" "$shared/tinyshakespeare" "$shared/tiktoken_cache" .lease/data/  # the CUDA tests read tiny-shakespeare
