@@ -87,9 +87,13 @@ def candidates(T: int, device: str = "cpu") -> dict:
             scans["associative_scan, compiled (candidate)"] = torch.compile(functools.partial(
                 scan_in_float32, scan_with(associative_recurrence("pointwise"))))
     if device == "cuda" and scan_triton.available():  # on a CPU only Triton's (slow) interpreter runs it
-        for block_d in (16, 32, 64):  # channels per program: more programs hide more memory latency
-            scans[f"Triton kernels, {block_d} channels a program (candidate)"] = functools.partial(
-                scan_in_float32, functools.partial(scan_triton.triton_selective_scan, block_d=block_d))
+        # channels per program (more programs hide more memory latency) and the loop's stages (loads
+        # issued that many positions ahead, less one; 1: not pipelined)
+        default = (scan_triton.BLOCK_D, scan_triton.STAGES)
+        for block_d, stages in dict.fromkeys([(16, default[1]), default, (64, default[1]), (default[0], 1), (default[0], 6)]):
+            pipelined = f"{stages} stages" if stages > 1 else "not pipelined"
+            scans[f"Triton kernels, {block_d} channels a program, {pipelined} (candidate)"] = functools.partial(
+                scan_in_float32, functools.partial(scan_triton.triton_selective_scan, block_d=block_d, stages=stages))
     return scans
 
 

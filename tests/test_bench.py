@@ -184,6 +184,18 @@ def test_the_associative_scan_candidates_are_offered_where_torch_has_the_operato
     assert "associative_scan, compiled (candidate)" in scan.candidates(12, "cuda")  # compiles when first called
 
 
+def test_the_triton_scan_candidates_are_offered_on_cuda_pipelined_and_not():
+    from nodelm_lib.models import scan_triton
+
+    if not scan_triton.available():
+        pytest.skip("Triton is not installed")
+    names = [n for n in scan.candidates(12, "cuda") if n.startswith("Triton")]  # built, not run: no GPU needed
+    assert f"Triton kernels, {scan_triton.BLOCK_D} channels a program, {scan_triton.STAGES} stages (candidate)" in names
+    assert f"Triton kernels, {scan_triton.BLOCK_D} channels a program, not pipelined (candidate)" in names
+    assert len(names) == len(set(names)) == 5
+    assert not any(n.startswith("Triton") for n in scan.candidates(12))  # a CPU has only Triton's interpreter
+
+
 def test_the_operator_count_skips_views_and_allocations_and_counts_each_kernel():
     x = torch.randn(4, 3)
     assert scan.kernel_operators(lambda: x.t().unsqueeze(0).transpose(1, 2).view(-1)) == 0  # views

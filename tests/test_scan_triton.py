@@ -52,9 +52,10 @@ def grads(scan, inputs, use_y: bool = True, use_last: bool = True, seed: int = 1
 
 @pytest.mark.parametrize("shape", [(2, 7, 40, 5), (1, 1, 32, 4), (3, 9, 8, 16)])  # partial channel blocks, N not a power of 2
 @pytest.mark.parametrize("h0", [True, False])
-def test_the_triton_scan_equals_the_reference_with_every_gradient_in_float64(shape, h0):
+@pytest.mark.parametrize("stages", [1, scan_triton.STAGES])  # a GPU runs the loop pipelined or not; the interpreter ignores it
+def test_the_triton_scan_equals_the_reference_with_every_gradient_in_float64(shape, h0, stages):
     inputs = scan_inputs(*shape, h0=h0)
-    y, last, got = grads(scan_triton.triton_selective_scan, inputs)
+    y, last, got = grads(lambda *t: scan_triton.triton_selective_scan(*t, stages=stages), inputs)
     y_ref, last_ref, want = grads(selective_scan_reference, inputs)
     torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-10)
     torch.testing.assert_close(last, last_ref, rtol=0, atol=1e-10)
@@ -75,6 +76,9 @@ def test_any_channel_block_gives_the_same_scan(block_d):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=lambda m, name=name: f"grad {name}: {m}")
     with pytest.raises(ValueError, match="block_d=24 is not valid; it must be a power of two"):
         scan_triton.triton_selective_scan(*inputs, block_d=24)
+    for stages in (0, 2.0, True):
+        with pytest.raises(ValueError, match=f"stages={stages!r} is not valid; it must be a whole number >= 1"):
+            scan_triton.triton_selective_scan(*inputs, stages=stages)
 
 
 @pytest.mark.parametrize("use_y,use_last", [(True, False), (False, True)])
@@ -148,32 +152,38 @@ def test_a_compiled_layer_runs_the_triton_scan_as_one_operator_without_a_graph_b
 COMPILE = """
 import torch
 from nodelm_lib.models import scan_triton
-for capability, dtype, block_d in {cases}:
-    cubins = scan_triton.compile_kernels(capability, getattr(torch, dtype), block_d)
-    assert all(c.startswith(b"\\x7fELF") for c in cubins.values()), capability  # machine code, not PTX
-    print(capability, dtype, block_d, ",".join(sorted(cubins)))
+for capability, dtype, block_d, stages in {cases}:
+    kernels = scan_triton.compile_kernels(capability, getattr(torch, dtype), block_d, stages)
+    assert all(k["cubin"].startswith(b"\\x7fELF") for k in kernels.values()), capability  # machine code, not PTX
+    pipelined = sum("async_copy" in k["ttgir"] for k in kernels.values())  # loads through shared memory, ahead
+    print(capability, dtype, block_d, stages, pipelined, ",".join(sorted(kernels)))
 """
 
 
 def test_the_kernels_compile_to_machine_code_for_every_gpu_of_the_estimates(tmp_path):
     # Triton's compiler and its ptxas, without a GPU: in a process of its own, since this one may
     # run Triton's interpreter; a fresh cache, so each kernel is compiled here, not read back
-    cases = [(c, "float32", scan_triton.BLOCK_D) for c in sorted(set(scan_triton.CAPABILITIES.values()))]
-    cases += [(90, "float64", scan_triton.BLOCK_D), (90, "float32", 16), (90, "float32", 64)]
+    default = (scan_triton.BLOCK_D, scan_triton.STAGES)
+    cases = [(c, "float32", *default) for c in sorted(set(scan_triton.CAPABILITIES.values()))]
+    cases += [(90, "float64", *default), (90, "float32", 16, 3), (90, "float32", 64, 3), (90, "float32", 32, 1)]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
     done = subprocess.run([sys.executable, "-c", COMPILE.format(cases=cases)], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     variants = "backward HAS_H0=False HAS_GLAST=False,backward HAS_H0=False HAS_GLAST=True,backward HAS_H0=True " \
                "HAS_GLAST=False,backward HAS_H0=True HAS_GLAST=True,forward HAS_H0=False,forward HAS_H0=True"
-    assert done.stdout.splitlines() == [f"{c} {d} {b} {variants}" for c, d, b in cases]
+    # every variant's loop pipelined where it has stages and the GPU copies asynchronously (sm_80 on), none elsewhere
+    want = [f"{c} {d} {b} {s} {6 if s > 1 and c >= 80 else 0} {variants}" for c, d, b, s in cases]
+    assert done.stdout.splitlines() == want
 
 
-def test_compiling_ahead_refuses_a_dtype_or_block_the_op_does_not_take():
+def test_compiling_ahead_refuses_a_dtype_block_or_stages_the_op_does_not_take():
     with pytest.raises(ValueError, match=r"dtype=torch.bfloat16 is not valid; the Triton scan takes \['torch.float32', 'torch.float64'\]"):
         scan_triton.compile_kernels(90, torch.bfloat16)
     with pytest.raises(ValueError, match="block_d=24 is not valid; it must be a power of two"):
         scan_triton.compile_kernels(90, block_d=24)
+    with pytest.raises(ValueError, match="stages=0 is not valid"):
+        scan_triton.compile_kernels(90, stages=0)
     if os.environ.get("TRITON_INTERPRET") == "1":  # this process runs the interpreter: nothing to compile
         with pytest.raises(RuntimeError, match="needs its compiler; call it in a process without it"):
             scan_triton.compile_kernels(90)

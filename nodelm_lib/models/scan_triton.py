@@ -8,6 +8,8 @@ several times ``gpt``'s (docs/benchmarks.md). Here each program owns a block of 
 sequence and keeps its (BLOCK_D, N) state in registers while it walks the positions: the forward
 is one kernel that reads the inputs once and writes y, the last state and the states H that the
 backward reads; the backward is one kernel walking back.
+Each walk is a loop of T dependent steps with few programs per SM to hide memory latency by,
+so Triton software-pipelines it (``STAGES``): a step's inputs are loaded a few positions ahead.
 
 The same recurrence as ``selective_scan`` (``scans.py``): with a_s = exp(Delta_s A) and
 b_s = Delta_s x_s B_s, h_s = a_s h_{s-1} + b_s (h_{-1} = h0, default 0) and y_s = h_s C_s.
@@ -32,6 +34,10 @@ import torch
 from .scans import check_power_of_two
 
 BLOCK_D = 32  # channels per program (default): 8 programs per sequence at d = 256, 256 over a batch of 32
+# the positions' loop is software-pipelined in this many stages (1: not at all): each step's loads
+# are issued STAGES - 1 positions ahead, through shared memory, so that their latency overlaps the
+# steps before. A walk of T dependent steps with few programs per SM has little else to hide it with.
+STAGES = 3
 
 
 def available() -> bool:
@@ -51,15 +57,21 @@ def _kernels():
     return scan_triton_kernels.forward, scan_triton_kernels.backward
 
 
-def _launch_shape(x: torch.Tensor, N: int, block_d: int):
-    """The grid (sequences, channel blocks) and the kernels' block sizes: about four state entries
-    per thread, as many warps as that takes (1 to 8)."""
+def check_stages(stages: int) -> None:
+    """A ValueError naming ``stages`` unless it is a whole number >= 1."""
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ValueError(f"stages={stages!r} is not valid; it must be a whole number >= 1 (1: the loop not pipelined)")
+
+
+def _launch_shape(x: torch.Tensor, N: int, block_d: int, stages: int):
+    """The grid (sequences, channel blocks) and the kernels' constants: block sizes of about four
+    state entries per thread, as many warps as that takes (1 to 8), and the loop's stages."""
     import triton
 
     batch, T, D = x.shape
     block_n = triton.next_power_of_2(N)
     warps = min(8, max(1, block_d * block_n // 128))
-    return (batch, triton.cdiv(D, block_d)), dict(BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps)
+    return (batch, triton.cdiv(D, block_d)), dict(BLOCK_D=block_d, BLOCK_N=block_n, STAGES=stages, num_warps=warps)
 
 
 # the GPUs of ``estimate.GPUS`` by compute capability: what ``compile_kernels`` checks ahead of a lease
@@ -67,11 +79,12 @@ CAPABILITIES = {"T4": 75, "A100": 80, "L4": 89, "H100": 90, "H200": 90}
 
 
 def compile_kernels(capability: int, dtype: torch.dtype = torch.float32, block_d: int = BLOCK_D,
-                    N: int = 16) -> dict[str, bytes]:
+                    stages: int = STAGES, N: int = 16) -> dict[str, dict[str, str | bytes]]:
     """Both kernels compiled as Triton compiles them for a GPU of compute ``capability`` (75, 80,
-    89, 90: ``CAPABILITIES``), on a machine without one: the machine code (cubin) of every variant
-    the op launches (with and without h0, and the backward with and without the last state's
-    gradient), by name, for ``dtype`` inputs, ``block_d`` channels per program and ``N`` states.
+    89, 90: ``CAPABILITIES``), on a machine without one: every variant the op launches (with and
+    without h0, and the backward with and without the last state's gradient), by name, for
+    ``dtype`` inputs, ``block_d`` channels per program, ``stages`` and ``N`` states; each as the
+    stages of Triton's pipeline (``"ttgir"``, ``"ptx"``, and ``"cubin"``, the machine code).
 
     Why: Triton compiles a kernel when it is first launched, so one it cannot compile for a GPU
     would otherwise fail only on that GPU, in a lease's minutes. This runs Triton's whole pipeline
@@ -87,14 +100,15 @@ def compile_kernels(capability: int, dtype: torch.dtype = torch.float32, block_d
     if dtype not in pointer:
         raise ValueError(f"dtype={dtype} is not valid; the Triton scan takes {sorted(map(str, pointer))}")
     check_power_of_two("block_d", block_d)
+    check_stages(stages)
     forward, backward = _kernels()
     if not isinstance(forward, triton.runtime.JITFunction):
         raise RuntimeError("Triton runs its interpreter in this process (TRITON_INTERPRET=1 was set when it was "
                            "imported): compile_kernels needs its compiler; call it in a process without it")
-    _, blocks = _launch_shape(torch.empty(1, 1, block_d, device="meta"), N, block_d)
-    launch = dict(BLOCK_D=blocks["BLOCK_D"], BLOCK_N=blocks["BLOCK_N"])
-    variants = {f"forward HAS_H0={h0}": (forward, dict(launch, HAS_H0=h0)) for h0 in (False, True)}
-    variants |= {f"backward HAS_H0={h0} HAS_GLAST={glast}": (backward, dict(launch, HAS_H0=h0, HAS_GLAST=glast))
+    _, blocks = _launch_shape(torch.empty(1, 1, block_d, device="meta"), N, block_d, stages)
+    warps = blocks.pop("num_warps")
+    variants = {f"forward HAS_H0={h0}": (forward, dict(blocks, HAS_H0=h0)) for h0 in (False, True)}
+    variants |= {f"backward HAS_H0={h0} HAS_GLAST={glast}": (backward, dict(blocks, HAS_H0=h0, HAS_GLAST=glast))
                  for h0 in (False, True) for glast in (False, True)}
     target = GPUTarget("cuda", capability, 32)
     compiled = {}
@@ -103,14 +117,13 @@ def compile_kernels(capability: int, dtype: torch.dtype = torch.float32, block_d
         signature = {arg: "constexpr" if arg in constants else pointer[dtype] if arg.endswith("_ptr") else "i32"
                      for arg in inspect.signature(kernel.fn).parameters}
         source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
-        binary = triton.compile(source, target=target, options=dict(num_warps=blocks["num_warps"]))
-        compiled[name] = binary.asm["cubin"]
+        compiled[name] = dict(triton.compile(source, target=target, options=dict(num_warps=warps)).asm)
     return compiled
 
 
-def _forward(x, delta, A, B_s, C_s, h0, block_d):
+def _forward(x, delta, A, B_s, C_s, h0, block_d, stages):
     (batch, T, D), N = x.shape, A.shape[1]
-    grid, blocks = _launch_shape(x, N, block_d)
+    grid, blocks = _launch_shape(x, N, block_d, stages)
     y = torch.empty_like(x)
     last = x.new_empty(batch, D, N)
     H = x.new_empty(batch, T, D, N)
@@ -119,9 +132,9 @@ def _forward(x, delta, A, B_s, C_s, h0, block_d):
     return y, last, H
 
 
-def _backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d):
+def _backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d, stages):
     (batch, T, D), N = x.shape, A.shape[1]
-    grid, blocks = _launch_shape(x, N, block_d)
+    grid, blocks = _launch_shape(x, N, block_d, stages)
     blocks_d = grid[1]
     grad_x, grad_delta = torch.empty_like(x), torch.empty_like(delta)
     grad_A = x.new_empty(batch, D, N)  # per sequence, summed below
@@ -142,30 +155,30 @@ def _define_op():
         return None
 
     @torch.library.custom_op("nodelm::triton_scan", mutates_args=(), schema=(
-        "(Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0, int block_d) "
+        "(Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0, int block_d, int stages) "
         "-> (Tensor, Tensor, Tensor)"))
-    def scan(x, delta, A, B_s, C_s, h0, block_d):
-        return _forward(x, delta, A, B_s, C_s, h0, block_d)
+    def scan(x, delta, A, B_s, C_s, h0, block_d, stages):
+        return _forward(x, delta, A, B_s, C_s, h0, block_d, stages)
 
     @scan.register_fake
-    def _(x, delta, A, B_s, C_s, h0, block_d):
+    def _(x, delta, A, B_s, C_s, h0, block_d, stages):
         (batch, T, D), N = x.shape, A.shape[1]
         return torch.empty_like(x), x.new_empty(batch, D, N), x.new_empty(batch, T, D, N)
 
     @torch.library.custom_op("nodelm::triton_scan_backward", mutates_args=(), schema=(
         "(Tensor grad_y, Tensor? grad_last, Tensor x, Tensor delta, Tensor A, Tensor B_s, Tensor C_s, Tensor? h0, "
-        "Tensor H, int block_d) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
-    def scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d):
-        *grads, grad_h0 = _backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d)
+        "Tensor H, int block_d, int stages) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
+    def scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d, stages):
+        *grads, grad_h0 = _backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d, stages)
         return *grads, x.new_empty(0) if grad_h0 is None else grad_h0  # no h0: an empty grad_h0
 
     @scan_backward.register_fake
-    def _(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d):
+    def _(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, block_d, stages):
         return (*(torch.empty_like(t) for t in (x, delta, A, B_s, C_s)),
                 x.new_empty(0) if h0 is None else torch.empty_like(h0))
 
     def setup_context(ctx, inputs, output):
-        *tensors, ctx.block_d = inputs
+        *tensors, ctx.block_d, ctx.stages = inputs
         ctx.mark_non_differentiable(output[2])  # H: saved for backward, never a result
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*tensors, output[2])
@@ -174,8 +187,8 @@ def _define_op():
         x, delta, A, B_s, C_s, h0, H = ctx.saved_tensors
         grad_y = torch.zeros_like(x) if grad_y is None else grad_y.contiguous()
         grad_last = None if grad_last is None else grad_last.contiguous()
-        *grads, grad_h0 = scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, ctx.block_d)
-        return *grads, None if h0 is None else grad_h0, None
+        *grads, grad_h0 = scan_backward(grad_y, grad_last, x, delta, A, B_s, C_s, h0, H, ctx.block_d, ctx.stages)
+        return *grads, None if h0 is None else grad_h0, None, None
 
     scan.register_autograd(backward, setup_context=setup_context)
     return scan
@@ -186,11 +199,13 @@ TRITON_SCAN = _define_op()
 
 def triton_selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B_s: torch.Tensor,
                           C_s: torch.Tensor, h0: torch.Tensor | None = None,
-                          block_d: int = BLOCK_D) -> tuple[torch.Tensor, torch.Tensor]:
+                          block_d: int = BLOCK_D, stages: int = STAGES) -> tuple[torch.Tensor, torch.Tensor]:
     """``scans.selective_scan`` on the two kernels: y (B, T, D) and the last state (B, D, N),
     differentiable in every input. In float32 (the layer calls it through ``scan_in_float32``) or
     float64 (the tests), every input alike. ``block_d``: channels per program, a power of two
-    (fewer: more programs to hide the GPU's memory latency; more: fewer partial sums)."""
+    (fewer: more programs to hide the GPU's memory latency; more: fewer partial sums); ``stages``:
+    the positions' loop software-pipelined in that many stages (``STAGES``; 1: not pipelined).
+    Triton's interpreter (the CPU tests) ignores ``stages``: only a GPU runs the pipelined loop."""
     if x.shape != delta.shape or x.dim() != 3 or x.shape[1] < 1:
         raise ValueError(f"x and delta must have the same shape (B, T, D), T >= 1; got {tuple(x.shape)} and "
                          f"{tuple(delta.shape)}")
@@ -204,10 +219,11 @@ def triton_selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
     if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
         raise ValueError(f"the Triton scan takes inputs all float32 or all float64; got {sorted(map(str, dtypes))}")
     check_power_of_two("block_d", block_d)
+    check_stages(stages)
     if batch * T * D * N >= 2**31:  # the kernels index with 32-bit integers
         raise ValueError(f"the Triton scan takes fewer than 2**31 state entries (B T D N); got {batch * T * D * N}")
     if TRITON_SCAN is None:
         raise RuntimeError(f"the Triton scan needs torch.library.custom_op (torch >= 2.4); this is torch {torch.__version__}")
     x, delta, A, B_s, C_s = (t.contiguous() for t in (x, delta, A, B_s, C_s))
-    y, last, _ = TRITON_SCAN(x, delta, A, B_s, C_s, None if h0 is None else h0.contiguous(), block_d)
+    y, last, _ = TRITON_SCAN(x, delta, A, B_s, C_s, None if h0 is None else h0.contiguous(), block_d, stages)
     return y, last

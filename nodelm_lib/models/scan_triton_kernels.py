@@ -28,14 +28,14 @@ def load_or_zeros(ptr, offsets, mask, PRESENT: tl.constexpr, like):
 
 @triton.jit
 def forward(x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, last_ptr, H_ptr,
-            T, D, N, HAS_H0: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+            T, D, N, HAS_H0: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     """y, the last state and every state H of sequence ``program_id(0)``'s channel block
     ``program_id(1)``, walking the positions with the state in registers."""
     b = tl.program_id(0)
     d, n, dm, nm, dn, state = channel_tile(D, N, BLOCK_D, BLOCK_N)
     A = tl.load(A_ptr + state, mask=dn, other=0.0)
     h = load_or_zeros(h0_ptr + b * D * N, state, dn, HAS_H0, A)
-    for s in range(T):
+    for s in tl.range(0, T, num_stages=STAGES):  # loads issued STAGES - 1 positions ahead
         row = (b * T + s) * D
         x = tl.load(x_ptr + row + d, mask=dm, other=0.0)
         dt = tl.load(delta_ptr + row + d, mask=dm, other=0.0)
@@ -51,7 +51,7 @@ def forward(x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, last_ptr, H_pt
 def backward(gy_ptr, glast_ptr, x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, H_ptr,
              gx_ptr, gdelta_ptr, gA_ptr, gB_ptr, gC_ptr, gh0_ptr,
              T, D, N, HAS_H0: tl.constexpr, HAS_GLAST: tl.constexpr,
-             BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+             BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     """The gradients of one sequence's channel block, walking the positions back from the stored
     states: x's and Delta's in full; A's per sequence, B_s's and C_s's per channel block (partial
     sums that the caller adds); h0's where there is one."""
@@ -62,7 +62,7 @@ def backward(gy_ptr, glast_ptr, x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, H
     gA = tl.zeros_like(A)
     h_init = load_or_zeros(h0_ptr + b * D * N, state, dn, HAS_H0, A)  # the state before position 0
     h = tl.load(H_ptr + (b * T + T - 1) * D * N + state, mask=dn, other=0.0)  # h_s; each step reads h_{s-1}
-    for i in range(T):
+    for i in tl.range(0, T, num_stages=STAGES):
         s = T - 1 - i
         row = (b * T + s) * D
         x = tl.load(x_ptr + row + d, mask=dm, other=0.0)
