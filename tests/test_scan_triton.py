@@ -7,15 +7,24 @@ it is imported, so it is set here first). Speed: ``bench/scan.py``, ``bench/reco
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
+import numpy as np
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # a CPU-only process: nothing else here runs Triton
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+
+
+def _version(module) -> tuple[int, int]:
+    return tuple(int(part) for part in module.__version__.split(".")[:2])
+
+
+if os.environ.get("TRITON_INTERPRET") == "1" and _version(triton) < (3, 7) and _version(np) >= (2, 4):
+    # the interpreter converts a one-element array to an int, which NumPy 2.4 refuses
+    pytest.skip(f"Triton {triton.__version__}'s interpreter fails under NumPy {np.__version__}: the CPU tests of "
+                "the kernels need Triton >= 3.7 or NumPy < 2.4", allow_module_level=True)
 
 from nodelm_lib.models import scan_triton  # noqa: E402
 from nodelm_lib.models.scans import selective_scan_reference  # noqa: E402
@@ -148,42 +157,3 @@ def test_a_compiled_layer_runs_the_triton_scan_as_one_operator_without_a_graph_b
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g_grad, w_grad, rtol=1e-5, atol=1e-6)
 
-
-COMPILE = """
-import torch
-from nodelm_lib.models import scan_triton
-for capability, dtype, block_d, stages in {cases}:
-    kernels = scan_triton.compile_kernels(capability, getattr(torch, dtype), block_d, stages)
-    assert all(k["cubin"].startswith(b"\\x7fELF") for k in kernels.values()), capability  # machine code, not PTX
-    pipelined = sum("async_copy" in k["ttgir"] for k in kernels.values())  # loads through shared memory, ahead
-    print(capability, dtype, block_d, stages, pipelined, ",".join(sorted(kernels)))
-"""
-
-
-def test_the_kernels_compile_to_machine_code_for_every_gpu_of_the_estimates(tmp_path):
-    # Triton's compiler and its ptxas, without a GPU: in a process of its own, since this one may
-    # run Triton's interpreter; a fresh cache, so each kernel is compiled here, not read back
-    default = (scan_triton.BLOCK_D, scan_triton.STAGES)
-    cases = [(c, "float32", *default) for c in sorted(set(scan_triton.CAPABILITIES.values()))]
-    cases += [(90, "float64", *default), (90, "float32", 16, 3), (90, "float32", 64, 3), (90, "float32", 32, 1)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run([sys.executable, "-c", COMPILE.format(cases=cases)], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    variants = "backward HAS_H0=False HAS_GLAST=False,backward HAS_H0=False HAS_GLAST=True,backward HAS_H0=True " \
-               "HAS_GLAST=False,backward HAS_H0=True HAS_GLAST=True,forward HAS_H0=False,forward HAS_H0=True"
-    # every variant's loop pipelined where it has stages and the GPU copies asynchronously (sm_80 on), none elsewhere
-    want = [f"{c} {d} {b} {s} {6 if s > 1 and c >= 80 else 0} {variants}" for c, d, b, s in cases]
-    assert done.stdout.splitlines() == want
-
-
-def test_compiling_ahead_refuses_a_dtype_block_or_stages_the_op_does_not_take():
-    with pytest.raises(ValueError, match=r"dtype=torch.bfloat16 is not valid; the Triton scan takes \['torch.float32', 'torch.float64'\]"):
-        scan_triton.compile_kernels(90, torch.bfloat16)
-    with pytest.raises(ValueError, match="block_d=24 is not valid; it must be a power of two"):
-        scan_triton.compile_kernels(90, block_d=24)
-    with pytest.raises(ValueError, match="stages=0 is not valid"):
-        scan_triton.compile_kernels(90, stages=0)
-    if os.environ.get("TRITON_INTERPRET") == "1":  # this process runs the interpreter: nothing to compile
-        with pytest.raises(RuntimeError, match="needs its compiler; call it in a process without it"):
-            scan_triton.compile_kernels(90)
