@@ -34,9 +34,8 @@ import torch
 from .scans import check_power_of_two
 
 BLOCK_D = 32  # channels per program (default): 8 programs per sequence at d = 256, 256 over a batch of 32
-# the positions' loop is software-pipelined in this many stages (1: not at all): each step's loads
-# are issued STAGES - 1 positions ahead, through shared memory, so that their latency overlaps the
-# steps before. A walk of T dependent steps with few programs per SM has little else to hide it with.
+# the positions' loop software-pipelined in this many stages (1: not at all): a step's loads are
+# issued STAGES - 1 positions ahead, into shared memory (sm_80 on: ``compile_kernels`` shows it)
 STAGES = 3
 
 
@@ -84,7 +83,7 @@ def compile_kernels(capability: int, dtype: torch.dtype = torch.float32, block_d
     89, 90: ``CAPABILITIES``), on a machine without one: every variant the op launches (with and
     without h0, and the backward with and without the last state's gradient), by name, for
     ``dtype`` inputs, ``block_d`` channels per program, ``stages`` and ``N`` states; each as the
-    stages of Triton's pipeline (``"ttgir"``, ``"ptx"``, and ``"cubin"``, the machine code).
+    forms Triton lowers it through (``"ttgir"``, ``"ptx"``, and ``"cubin"``, the machine code).
 
     Why: Triton compiles a kernel when it is first launched, so one it cannot compile for a GPU
     would otherwise fail only on that GPU, in a lease's minutes. This runs Triton's whole pipeline
