@@ -23,6 +23,7 @@
 #          fused, chunked and Triton scan: what bounds ti_ssm's step (~2 min)
 #   manynode  bench/many_runs.py with 8 node runs at once, the heaviest arm (~2 min)
 #   mps    the same under CUDA MPS (started here, quit at the end; a chunk after it runs under it) (~2 min)
+#   mpsd   only start CUDA MPS (quit at the end), e.g. mpsd,chunk: a chunk under MPS without the benchmark
 #   chunk  the runs of 02's gpu profile that fit in what is left, less 30 s to pack them
 # Back here: python -m nodelm_lib import-runs <files_at>/chunk.tar.gz --store results/runs/gpu
 # (commit the records; the next lease continues where this chunk stopped), and copy the
@@ -66,7 +67,11 @@ if [ "${1:-}" = "--restore" ]; then
 fi
 out=${1:?usage: bash bench/gpu_lease.sh OUT_DIR [seconds for the whole script] [steps] (or --prepare, here)}
 total=${2:-570}
+known=tests,scan,steps,many,kernels,manynode,mps,mpsd,chunk
 steps=,${3:-tests,scan,steps,many,kernels,manynode,mps,chunk},
+for step in ${steps//,/ }; do  # a misspelt step would otherwise be skipped without a word, on the lease's time
+  [[ ",$known," == *",$step,"* ]] || { echo "unknown step '$step'; the steps are $known" >&2; exit 2; }
+done
 started=$(date +%s)
 want() { [[ "$steps" == *",$1,"* ]]; }
 left() { echo $(( total - ($(date +%s) - started) )); }
@@ -114,9 +119,16 @@ if want manynode; then  # the heaviest arm: 8 node runs at once against one alon
     >> "$out/bench.log" 2>&1
   echo "manynode: exit $? ($(tail -1 "$out/bench.log"))" | tee -a "$out/gpu.txt"
 fi
-if want mps; then  # CUDA MPS: several processes' kernels on the GPU at once; the chunk after it uses it too
-  if nvidia-cuda-mps-control -d 2>> "$out/bench.log"; then
-    mps_started=1
+start_mps() {  # CUDA MPS: several processes' kernels on the GPU at once; what runs after it uses it too
+  [ "${mps_started:-0}" = 1 ] && return 0
+  nvidia-cuda-mps-control -d 2>> "$out/bench.log" && mps_started=1
+}
+if want mpsd; then
+  if start_mps; then echo "mpsd: CUDA MPS started" | tee -a "$out/gpu.txt"
+  else echo "mpsd: the MPS control daemon did not start (bench.log)" | tee -a "$out/gpu.txt"; fi
+fi
+if want mps; then
+  if start_mps; then
     timeout 200 python3 bench/many_runs.py --arm node --workers 8 --steps 300 --out "$out/bench_cuda_many_runs_node_mps" \
       >> "$out/bench.log" 2>&1
     echo "mps: exit $? ($(tail -1 "$out/bench.log"))" | tee -a "$out/gpu.txt"
