@@ -114,27 +114,24 @@ if want kernels; then  # rows are written as they are measured, as in steps
   echo "kernels: exit $?" | tee -a "$out/gpu.txt"
   cp /tmp/bench_cuda_kernels.json "$out/" 2>/dev/null; cat /tmp/bench_cuda_kernels.txt >> "$out/gpu.txt" 2>/dev/null
 fi
-if want manynode; then  # the heaviest arm: 8 node runs at once against one alone, the GPU taking turns
-  timeout 200 python3 bench/many_runs.py --arm node --workers 8 --steps 300 --out "$out/bench_cuda_many_runs_node" \
-    >> "$out/bench.log" 2>&1
-  echo "manynode: exit $? ($(tail -1 "$out/bench.log"))" | tee -a "$out/gpu.txt"
-fi
-start_mps() {  # CUDA MPS: several processes' kernels on the GPU at once; what runs after it uses it too
-  [ "${mps_started:-0}" = 1 ] && return 0
-  nvidia-cuda-mps-control -d 2>> "$out/bench.log" && mps_started=1
+many_node() {  # step $1: 8 node runs (the heaviest arm) at once against one alone, recorded as $2
+  timeout 200 python3 bench/many_runs.py --arm node --workers 8 --steps 300 --out "$out/$2" >> "$out/bench.log" 2>&1
+  echo "$1: exit $? ($(tail -1 "$out/bench.log"))" | tee -a "$out/gpu.txt"
 }
-if want mpsd; then
-  if start_mps; then echo "mpsd: CUDA MPS started" | tee -a "$out/gpu.txt"
-  else echo "mpsd: the MPS control daemon did not start (bench.log)" | tee -a "$out/gpu.txt"; fi
+start_mps() {  # CUDA MPS, once, for step $1: several processes' kernels on the GPU at once; what runs after it uses it too
+  [ "${mps_started:-0}" = 1 ] && return 0
+  nvidia-cuda-mps-control -d 2>> "$out/bench.log" && mps_started=1 && return 0
+  echo "$1: the MPS control daemon did not start (bench.log)" | tee -a "$out/gpu.txt"
+  return 1
+}
+if want manynode; then  # without MPS the processes take turns on the GPU
+  many_node manynode bench_cuda_many_runs_node
 fi
-if want mps; then
-  if start_mps; then
-    timeout 200 python3 bench/many_runs.py --arm node --workers 8 --steps 300 --out "$out/bench_cuda_many_runs_node_mps" \
-      >> "$out/bench.log" 2>&1
-    echo "mps: exit $? ($(tail -1 "$out/bench.log"))" | tee -a "$out/gpu.txt"
-  else
-    echo "mps: the MPS control daemon did not start (bench.log)" | tee -a "$out/gpu.txt"
-  fi
+if want mpsd && start_mps mpsd; then
+  echo "mpsd: CUDA MPS started" | tee -a "$out/gpu.txt"
+fi
+if want mps && start_mps mps; then
+  many_node mps bench_cuda_many_runs_node_mps
 fi
 if want chunk; then
   # The margin covers packing (seconds: records only); should a run still overrun, SIGINT (not

@@ -89,8 +89,8 @@ def candidates(T: int, device: str = "cpu") -> dict:
     if device == "cuda" and scan_triton.available():  # on a CPU only Triton's (slow) interpreter runs it
         # channels per program (more programs hide more memory latency) and the loop's stages (loads
         # issued that many positions ahead, less one; 1: not pipelined)
-        default = (scan_triton.BLOCK_D, scan_triton.STAGES)
-        for block_d, stages in dict.fromkeys([(16, default[1]), default, (64, default[1]), (default[0], 1), (default[0], 6)]):
+        block, stages_ = scan_triton.BLOCK_D, scan_triton.STAGES  # the defaults
+        for block_d, stages in dict.fromkeys([(16, stages_), (block, stages_), (64, stages_), (block, 1), (block, 6)]):
             pipelined = f"{stages} stages" if stages > 1 else "not pipelined"
             scans[f"Triton kernels, {block_d} channels a program, {pipelined} (candidate)"] = functools.partial(
                 scan_in_float32, functools.partial(scan_triton.triton_selective_scan, block_d=block_d, stages=stages))

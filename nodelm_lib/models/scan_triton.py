@@ -62,15 +62,22 @@ def check_stages(stages: int) -> None:
         raise ValueError(f"stages={stages!r} is not valid; it must be a whole number >= 1 (1: the loop not pipelined)")
 
 
+def _constants(N: int, block_d: int, stages: int) -> dict:
+    """The kernels' constants: block sizes of about four state entries per thread, as many warps
+    as that takes (1 to 8), and the loop's stages."""
+    import triton
+
+    block_n = triton.next_power_of_2(N)
+    warps = min(8, max(1, block_d * block_n // 128))
+    return dict(BLOCK_D=block_d, BLOCK_N=block_n, STAGES=stages, num_warps=warps)
+
+
 def _launch_shape(x: torch.Tensor, N: int, block_d: int, stages: int):
-    """The grid (sequences, channel blocks) and the kernels' constants: block sizes of about four
-    state entries per thread, as many warps as that takes (1 to 8), and the loop's stages."""
+    """The grid (sequences, channel blocks) and the kernels' constants (``_constants``)."""
     import triton
 
     batch, T, D = x.shape
-    block_n = triton.next_power_of_2(N)
-    warps = min(8, max(1, block_d * block_n // 128))
-    return (batch, triton.cdiv(D, block_d)), dict(BLOCK_D=block_d, BLOCK_N=block_n, STAGES=stages, num_warps=warps)
+    return (batch, triton.cdiv(D, block_d)), _constants(N, block_d, stages)
 
 
 # the GPUs of ``estimate.GPUS`` by compute capability: what ``compile_kernels`` checks ahead of a lease
@@ -104,7 +111,7 @@ def compile_kernels(capability: int, dtype: torch.dtype = torch.float32, block_d
     if not isinstance(forward, triton.runtime.JITFunction):
         raise RuntimeError("Triton runs its interpreter in this process (TRITON_INTERPRET=1 was set when it was "
                            "imported): compile_kernels needs its compiler; call it in a process without it")
-    _, blocks = _launch_shape(torch.empty(1, 1, block_d, device="meta"), N, block_d, stages)
+    blocks = _constants(N, block_d, stages)
     warps = blocks.pop("num_warps")
     variants = {f"forward HAS_H0={h0}": (forward, dict(blocks, HAS_H0=h0)) for h0 in (False, True)}
     variants |= {f"backward HAS_H0={h0} HAS_GLAST={glast}": (backward, dict(blocks, HAS_H0=h0, HAS_GLAST=glast))
