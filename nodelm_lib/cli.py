@@ -205,22 +205,27 @@ def _chunk(args: argparse.Namespace) -> int:
 
     from nodelm_lib.experiments.notebook_here import run_notebook_here
     from nodelm_lib.reporting.reproduce import make_notebook
-    from nodelm_lib.runs.chunks import describe, run_chunk
+    from nodelm_lib.runs.chunks import describe, notebook_store, run_chunk
+    from nodelm_lib.workspace import ENV_VAR as WORK_DIR_ENV, workspace
 
     root = Path(args.root)
-    store = Path(args.store) if args.store else root / "results" / "runs" / args.profile
+    # the notebook is told its work folder, so that the store packed is the one it writes to
+    work_dir = workspace(Path(args.work_dir or os.environ.get(WORK_DIR_ENV) or root).resolve()).root
+    store = notebook_store(args.notebook, args.profile, work_dir)
     if args.runner == "make":
         notebook = make_notebook(args.make, args.profile, root)
-        run = lambda env: notebook(args.notebook, env=env)  # noqa: E731
+        run_in = lambda env: notebook(args.notebook, env=env)  # noqa: E731
     else:  # in this process: no papermill or Jupyter kernel needed (a lent GPU has PyTorch only)
         path = root / "notebooks" / f"{args.notebook}.ipynb"
         if not path.is_file():
             raise FileNotFoundError(f"no notebook {path}")
 
-        def run(env: dict) -> int:
+        def run_in(env: dict) -> int:
             with mock.patch.dict(os.environ, env):  # the deadline must not outlive the chunk in this process
                 return run_notebook_here(path, args.profile, cwd=path.parent)
-    result = run_chunk(run, store, args.archive, args.budget, args.unknown_run_s)
+    print(f"chunk: {args.notebook} [{args.profile}], run store {store}", flush=True)
+    result = run_chunk(lambda env: run_in({**env, WORK_DIR_ENV: str(work_dir)}), store, args.archive, args.budget,
+                       args.unknown_run_s)
     print(describe(result, args.archive))
     return result.exit_code
 
@@ -333,12 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--archive", required=True, help="the .tar.gz to write the new records into")
     p.add_argument("--unknown-run-s", type=number(0), default=None,
                    help="seconds to assume for a run that no stored record can time (default 300)")
-    p.add_argument("--store", help="the notebook's run store (default: <root>/results/runs/<profile>)")
+    p.add_argument("--work-dir", default=None,
+                   help="the notebook's work folder, whose results/runs/<profile> is the store it trains into and "
+                        "the chunk packs (default: $NODELM_WORK_DIR, else --root)")
     p.add_argument("--runner", choices=("python", "make"), default="python",
                    help="python: the notebook's code in this process, no Jupyter needed (default); make: "
                         "`make <notebook> PROFILE=<profile>` through papermill")
     p.add_argument("--make", default="make", help="make command (--runner make)")
-    p.add_argument("--root", default=".", help="repository root (Makefile, notebooks/, results/)")
+    p.add_argument("--root", default=".", help="repository root (Makefile, notebooks/)")
     p.set_defaults(func=_chunk)
 
     p = sub.add_parser("import-runs", help="check the records of chunk archives and add them to a run store")

@@ -195,18 +195,18 @@ def test_the_chunk_command_passes_the_budget_to_make_and_packs_what_it_stored(tm
     donor = tmp_path / "donor"
     train_all([tiny(0, 4)], store=donor, checkpoints=tmp_path / "ckpt", isolate=False, progress=False)
     name = f"{run_hash(tiny(0, 4))}.json"
-    store = tmp_path / "results" / "runs" / "tiny"
+    store = tmp_path / "results" / "runs" / "gpu"  # under --root: no work folder named
     store.mkdir(parents=True)
     fake_make = tmp_path / "fake_make"
     fake_make.write_text(f'#!/bin/sh\necho "$@ $NODELM_DEADLINE" > {tmp_path}/called\ncp {donor / name} {store}/\n'
                          f'echo "run x does not fit" >> "$NODELM_BUDGET_REPORT"\nexit 2\n')
     fake_make.chmod(fake_make.stat().st_mode | stat.S_IXUSR)
     archive = tmp_path / "out" / "chunk.tar.gz"
-    code = main(["chunk", "02_x", "--profile", "tiny", "--budget", "100", "--archive", str(archive),
+    code = main(["chunk", "02_seed_comparison", "--profile", "gpu", "--budget", "100", "--archive", str(archive),
                  "--root", str(tmp_path), "--runner", "make", "--make", str(fake_make)])
     assert code == chunks.EXIT_MORE
     called = (tmp_path / "called").read_text().split()
-    assert called[:3] == ["--no-print-directory", "02_x", "PROFILE=tiny"] and float(called[3]) > time.time()
+    assert called[:3] == ["--no-print-directory", "02_seed_comparison", "PROFILE=gpu"] and float(called[3]) > time.time()
     assert main(["import-runs", str(archive), "--store", str(tmp_path / "home")]) == 0
     assert (tmp_path / "home" / name).read_bytes() == (donor / name).read_bytes()
 
@@ -255,13 +255,14 @@ def test_a_notebook_runs_in_this_process_and_a_misspelt_parameter_stops_it(tmp_p
 
 def test_the_chunk_command_runs_a_notebook_in_this_process_and_packs_its_runs(tmp_path, monkeypatch):
     """`chunk` on a lent GPU has PyTorch but no Jupyter: notebook 01 (smoke) run in-process under a
-    budget, its two runs packed."""
-    monkeypatch.setenv("NODELM_WORK_DIR", str(tmp_path))  # where the notebook writes (work_dir None)
+    budget, in the work folder the chunk names, its two runs packed."""
+    monkeypatch.setenv("NODELM_WORK_DIR", str(tmp_path / "elsewhere"))  # --work-dir wins over it
     store = tmp_path / "results" / "runs" / "smoke"
     archive = tmp_path / "chunk.tar.gz"
     code = main(["chunk", "01_gradient_flow", "--profile", "smoke", "--budget", "600", "--unknown-run-s", "60",
-                 "--archive", str(archive), "--store", str(store), "--root", str(ROOT)])
+                 "--archive", str(archive), "--work-dir", str(tmp_path), "--root", str(ROOT)])
     assert code == chunks.EXIT_COMPLETE
+    assert not (tmp_path / "elsewhere" / "results" / "runs").exists()
     with tarfile.open(archive) as tar:
         # two run records, and the hybrid's control effect kept beside its record (store evaluations)
         stored = sorted(p.relative_to(store).as_posix() for p in store.rglob("*.json"))
@@ -269,3 +270,13 @@ def test_the_chunk_command_runs_a_notebook_in_this_process_and_packs_its_runs(tm
     assert (tmp_path / "results" / "gradient_flow_smoke.csv").exists()
     # the chunk's deadline stays inside it: a later run in this process is not held to it
     assert not {budget.DEADLINE_ENV, budget.REPORT_ENV, budget.UNKNOWN_ENV} & set(os.environ)
+
+
+def test_a_chunk_packs_the_store_its_notebook_writes_to(tmp_path):
+    """The store is found as the notebooks find it: a variant that shares another profile's store
+    (07's cpu_wide reads and writes cpu's) is packed from that store, not from one named after it."""
+    assert chunks.notebook_store("02_seed_comparison", "gpu", tmp_path) == tmp_path / "results" / "runs" / "gpu"
+    assert chunks.notebook_store("07_scaling", "cpu_wide", tmp_path) == tmp_path / "results" / "runs" / "cpu"
+    assert chunks.notebook_store("01_gradient_flow", "smoke", tmp_path) == tmp_path / "results" / "runs" / "smoke"
+    with pytest.raises(ValueError, match="has no profile 'gpux'; choose one of"):
+        chunks.notebook_store("02_seed_comparison", "gpux", tmp_path)
