@@ -205,7 +205,8 @@ def _chunk(args: argparse.Namespace) -> int:
 
     from nodelm_lib.experiments.notebook_here import run_notebook_here
     from nodelm_lib.reporting.reproduce import make_notebook
-    from nodelm_lib.runs.chunks import describe, notebook_store, run_chunk
+    from nodelm_lib.experiments.profiles import notebook_store
+    from nodelm_lib.runs.chunks import describe, run_chunk
     from nodelm_lib.workspace import ENV_VAR as WORK_DIR_ENV, workspace
 
     root = Path(args.root)

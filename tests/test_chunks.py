@@ -16,6 +16,7 @@ import pytest
 
 import nodelm_lib as nl
 from nodelm_lib.cli import main
+from nodelm_lib.experiments.profiles import notebook_store
 from nodelm_lib.experiments.sweeps import (MAX_AUTO_WORKERS, RUN_MEMORY_HEADROOM, UNMEASURED_RUN_MB, auto_workers,
                                           train_all)
 from nodelm_lib.runs import budget, chunks
@@ -275,8 +276,8 @@ def test_the_chunk_command_runs_a_notebook_in_this_process_and_packs_its_runs(tm
 def test_a_chunk_packs_the_store_its_notebook_writes_to(tmp_path):
     """The store is found as the notebooks find it: a variant that shares another profile's store
     (07's cpu_wide reads and writes cpu's) is packed from that store, not from one named after it."""
-    assert chunks.notebook_store("02_seed_comparison", "gpu", tmp_path) == tmp_path / "results" / "runs" / "gpu"
-    assert chunks.notebook_store("07_scaling", "cpu_wide", tmp_path) == tmp_path / "results" / "runs" / "cpu"
-    assert chunks.notebook_store("01_gradient_flow", "smoke", tmp_path) == tmp_path / "results" / "runs" / "smoke"
+    assert notebook_store("02_seed_comparison", "gpu", tmp_path) == tmp_path / "results" / "runs" / "gpu"
+    assert notebook_store("07_scaling", "cpu_wide", tmp_path) == tmp_path / "results" / "runs" / "cpu"
+    assert notebook_store("01_gradient_flow", "smoke", tmp_path) == tmp_path / "results" / "runs" / "smoke"
     with pytest.raises(ValueError, match="has no profile 'gpux'; choose one of"):
-        chunks.notebook_store("02_seed_comparison", "gpux", tmp_path)
+        notebook_store("02_seed_comparison", "gpux", tmp_path)

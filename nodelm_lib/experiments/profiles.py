@@ -67,6 +67,17 @@ def load_profile(notebook: str, profile: str) -> dict[str, Any]:
     return values
 
 
+def notebook_store(notebook: str, profile: str, work_dir: str | Path) -> Path:
+    """The run store that ``notebook`` run with ``profile`` in ``work_dir`` writes to, found as the
+    notebooks find it: ``<work_dir>/results/runs/<name>`` (the profile's own ``work_dir`` where it
+    sets one), the name being the profile's ``store_profile`` where it sets one (a variant sharing
+    another profile's store, as 07's ``cpu_wide`` shares ``cpu``'s), else the profile's own. A
+    chunk snapshots and packs this store: any other would pack nothing of what the notebook trained."""
+    values = {} if profile == SMOKE else load_profile(notebook, profile)
+    root = Path(values.get("work_dir") or work_dir).expanduser()
+    return root / "results" / "runs" / (values.get("store_profile") or profile)
+
+
 def apply_profile(namespace: MutableMapping[str, Any], notebook: str, profile: str | None = None,
                   keep: Iterable[str] = ()) -> dict[str, Any]:
     """Set ``notebook``'s parameters in ``namespace`` (a notebook's ``globals()``) to the values

@@ -40,18 +40,6 @@ from nodelm_lib.training.integrity import RecordError, check_file
 EXIT_COMPLETE, EXIT_FAILED, EXIT_MORE = 0, 1, 3
 
 
-def notebook_store(notebook: str, profile: str, work_dir: str | Path) -> Path:
-    """The run store that ``notebook`` run with ``profile`` in ``work_dir`` writes to, found as the
-    notebooks find it: ``<work_dir>/results/runs/<name>`` (the profile's own ``work_dir`` where it
-    sets one), the name being the profile's ``store_profile`` where it sets one (a variant sharing
-    another profile's store, as 07's ``cpu_wide`` shares ``cpu``'s), else the profile's own. A
-    chunk snapshots and packs this store: any other would pack nothing of what the notebook trained."""
-    from nodelm_lib.experiments.profiles import SMOKE, load_profile
-
-    values = {} if profile == SMOKE else load_profile(notebook, profile)
-    root = Path(values.get("work_dir") or work_dir).expanduser()
-    return root / "results" / "runs" / (values.get("store_profile") or profile)
-
 
 def store_snapshot(store: str | Path) -> dict[str, str]:
     """``{path relative to the store: sha256}`` of every record and evaluations file of ``store``."""
