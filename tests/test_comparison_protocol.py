@@ -142,6 +142,18 @@ def test_reference_rows_fill_only_their_columns():
     assert out.iloc[1].tolist() == ["bigram", "–", "2.473", "2.502"]
     with pytest.raises(ValueError, match="column 'ppl' is not in the table"):
         tables.append_reference_rows(table, refs, {"val_loss": "ppl"})
+    with pytest.raises(ValueError, match="the references have no column 'test_ppl'"):
+        tables.append_reference_rows(table, refs, {"test_ppl": "test loss"})
+
+
+def test_reference_rows_print_their_values_as_the_arms_columns_do():
+    """(label, decimals) as report_table takes them, thousands separated; a NaN (a character
+    corpus has no perplexity per word) is a dash."""
+    table = pd.DataFrame({"arm": ["gpt"], "test ppl": ["1,584.25 ± 364.09"], "test word ppl": ["7,166.41 ± 1.1"]})
+    refs = pd.DataFrame({"model": ["bigram", "char bigram"], "test_ppl": [1234.5678, 3.3], "test_word_ppl": [98765.4321, math.nan]})
+    out = tables.append_reference_rows(table, refs, {"test_ppl": ("test ppl", 2), "test_word_ppl": ("test word ppl", 1)})
+    assert out.iloc[1].tolist() == ["bigram", "1,234.57", "98,765.4"]
+    assert out.iloc[2].tolist() == ["char bigram", "3.30", "–"]
 
 
 def test_record_row_carries_lr_tokens_and_training_flops(tmp_path):

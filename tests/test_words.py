@@ -48,6 +48,22 @@ def test_a_subword_runs_table_row_has_perplexity_per_word(shared_dir):
     assert math.isnan(record_row(record("char", "whole_split"))["test_word_ppl"])  # per character already
 
 
+def test_the_ngram_references_are_in_the_units_of_the_runs_rows(shared_dir, monkeypatch, tmp_path):
+    """A subword corpus's n-gram rows carry perplexity per word over the split's words, as a run's
+    row does; a character corpus's have none (per character already)."""
+    from nodelm_lib.experiments.ngram import ngram_baselines
+
+    monkeypatch.setenv("NODELM_CACHE_DIR", str(tmp_path))  # keep the token cache out of the repo
+    unigram = ngram_baselines("wikitext2", "gpt2", orders=(1,), k_grid=(1.0,)).iloc[0]
+    assert unigram["test_word_ppl"] == pytest.approx(math.exp(unigram["test_loss"] * unigram["test_tokens"] / 245_569))
+    assert unigram["val_word_ppl"] == pytest.approx(math.exp(unigram["val_loss"] * unigram["val_tokens"] / 217_646))
+    assert unigram["test_ppl"] == pytest.approx(math.exp(unigram["test_loss"]))
+    assert unigram["test_word_ppl"] > unigram["test_ppl"]  # more than one GPT-2 token per word
+    char = ngram_baselines("tinyshakespeare", "char", orders=(1,), k_grid=(1.0,)).iloc[0]
+    assert math.isnan(char["test_word_ppl"])
+    assert char["test_bits_per_token"] == pytest.approx(char["test_loss"] / math.log(2))
+
+
 def test_tensorboard_gets_perplexity_beside_the_loss(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -238,9 +238,16 @@ def fit_ngram_baselines(train, validation, test, vocab_size: int, orders=(1, 2, 
 def ngram_baselines(dataset: str, tokenizer: str, orders=(1, 2, 3), k_grid=None,
                     data_dir=None) -> pd.DataFrame:
     """``fit_ngram_baselines`` on a corpus's train / validation / test splits, as a
-    DataFrame: ``ngram_baselines("tinyshakespeare", "char")``."""
+    DataFrame: ``ngram_baselines("tinyshakespeare", "char")``. Each split's loss is also given
+    in the units of a trained run's row (``records.loss_units``: perplexity, bits per token and,
+    for a subword tokenizer, perplexity per word), so that the references fill the same columns."""
+    from nodelm_lib.runs.records import loss_units
+
     splits = [data.load_tokens(dataset, s, tokenizer, data_dir=data_dir)
               for s in ("train", "validation", "test")]
     vocab_size = data.get_tokenizer(tokenizer, data_dir=data_dir).vocab_size
-    return pd.DataFrame(fit_ngram_baselines(*splits, vocab_size=vocab_size, orders=orders,
-                                            k_grid=k_grid))
+    rows = fit_ngram_baselines(*splits, vocab_size=vocab_size, orders=orders, k_grid=k_grid)
+    for row in rows:
+        for split in ("val", "test"):  # every token of the split is scored: whole splits
+            row.update(loss_units(split, row[f"{split}_loss"], row[f"{split}_tokens"], dataset, tokenizer))
+    return pd.DataFrame(rows)

@@ -140,21 +140,26 @@ def claims_table(runs: pd.DataFrame, published: dict, order: Sequence, confidenc
     })
 
 
-def append_reference_rows(table: pd.DataFrame, references: pd.DataFrame, values: dict[str, str],
+def append_reference_rows(table: pd.DataFrame, references: pd.DataFrame, columns: dict[str, str | tuple[str, int]],
                           name: str = "model", digits: int = 3) -> pd.DataFrame:
     """``table`` (``report_table``'s) with a row per reference model below the arms: the
-    reference's name in the ``arm`` column, ``values`` mapping a column of ``references``
-    to the table column it fills (``{"test_loss": "test loss"}``), "–" everywhere else.
+    reference's name in the ``arm`` column, ``columns`` mapping a column of ``references`` to
+    the table column it fills, as a label (``{"test_loss": "test loss"}``, ``digits`` decimals) or,
+    like ``report_table``'s ``columns``, as (label, decimals); "–" everywhere else and for a NaN.
     Reference points (n-gram count models, say) put the arms' numbers in context; they are
     not arms and take part in no test."""
+    columns = {source: (spec, digits) if isinstance(spec, str) else spec for source, spec in columns.items()}
+    for source, (label, _) in columns.items():
+        if label not in table.columns:
+            raise ValueError(f"column {label!r} is not in the table; its columns are {list(table.columns)}")
+        if source not in references.columns:
+            raise ValueError(f"the references have no column {source!r}; theirs are {list(references.columns)}")
     rows = []
     for _, ref in references.iterrows():
         row = {col: "–" for col in table.columns}
         row["arm"] = str(ref[name])
-        for source, column in values.items():
-            if column not in table.columns:
-                raise ValueError(f"column {column!r} is not in the table; its columns are {list(table.columns)}")
-            row[column] = f"{float(ref[source]):.{digits}f}"
+        for source, (label, places) in columns.items():
+            row[label] = _mean_ci_text(float(ref[source]), 0, places)  # its value alone, as the arms' columns print it
         rows.append(row)
     return pd.concat([table, pd.DataFrame(rows, columns=table.columns)], ignore_index=True)
 

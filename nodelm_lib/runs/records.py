@@ -38,22 +38,25 @@ def record_row(record: RunRecord, arm: str | None = None) -> dict:
         "train_flops": training_flops(record.flops_per_token, steps * tc.batch_size * tc.seq_len),
         **record_provenance(record),
     }
+    whole = tc.eval_on in ("whole_split", "whole_split_at_end")  # both score the final losses on whole splits
     for split in ("val", "test"):
-        loss = row[f"{split}_loss"]
-        row[f"{split}_ppl"] = math.exp(loss) if math.isfinite(loss) else math.nan
-        row[f"{split}_bits_per_token"] = loss / math.log(2)
-        row[f"{split}_word_ppl"] = word_level_perplexity(tc, split, loss, row[f"{split}_tokens"])
+        row.update(loss_units(split, row[f"{split}_loss"], row[f"{split}_tokens"], tc.dataset, tc.tokenizer, whole))
     return row
 
 
-def word_level_perplexity(tc: TrainConfig, split: str, loss: float, tokens: float) -> float:
-    """Perplexity per word (``data.words``) of a subword run's loss over a whole split; NaN for a
-    character run (its loss per character is the unit already), a loss over sampled windows
-    (no word count), or a run that has no loss."""
-    whole = tc.eval_on in ("whole_split", "whole_split_at_end")  # both score the final losses on whole splits
-    if tc.tokenizer == "char" or not whole or not (math.isfinite(loss) and tokens and tokens > 0):
-        return math.nan
-    return word_perplexity(loss, int(tokens), split_words(tc.dataset, {"val": "validation"}.get(split, split)))
+def loss_units(split: str, loss: float, tokens: float, dataset: str, tokenizer: str, whole_split: bool = True) -> dict:
+    """A mean loss (nats per token over ``tokens`` tokens of ``split``, "val" or "test") in the other
+    units tables give: ``<split>_ppl``, ``<split>_bits_per_token`` and ``<split>_word_ppl``,
+    perplexity per word (``data.words``). The last is NaN for characters (a loss per character
+    is the unit already), for a loss over sampled windows (``whole_split`` False: no word count)
+    and for no loss. Trained runs (``record_row``) and the n-gram references share it, so that
+    their rows of one table are in the same units."""
+    finite = math.isfinite(loss)
+    per_word = math.nan
+    if tokenizer != "char" and whole_split and finite and tokens and tokens > 0:
+        per_word = word_perplexity(loss, int(tokens), split_words(dataset, {"val": "validation"}.get(split, split)))
+    return {f"{split}_ppl": math.exp(loss) if finite else math.nan, f"{split}_bits_per_token": loss / math.log(2),
+            f"{split}_word_ppl": per_word}
 
 
 def record_provenance(record: RunRecord) -> dict:
