@@ -204,14 +204,14 @@ def _chunk(args: argparse.Namespace) -> int:
     from unittest import mock
 
     from nodelm_lib.experiments.notebook_here import run_notebook_here
-    from nodelm_lib.reporting.reproduce import make_notebook
     from nodelm_lib.experiments.profiles import notebook_store
+    from nodelm_lib.reporting.reproduce import make_notebook
     from nodelm_lib.runs.chunks import describe, run_chunk
-    from nodelm_lib.workspace import ENV_VAR as WORK_DIR_ENV, workspace
+    from nodelm_lib.workspace import ENV_VAR as WORK_DIR_ENV
 
     root = Path(args.root)
     # the notebook is told its work folder, so that the store packed is the one it writes to
-    work_dir = workspace(Path(args.work_dir or os.environ.get(WORK_DIR_ENV) or root).resolve()).root
+    work_dir = Path(args.work_dir or os.environ.get(WORK_DIR_ENV) or root).expanduser().resolve()
     store = notebook_store(args.notebook, args.profile, work_dir)
     if args.runner == "make":
         notebook = make_notebook(args.make, args.profile, root)

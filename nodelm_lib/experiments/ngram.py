@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from nodelm_lib import data
+from nodelm_lib.runs.records import loss_units
 
 # spans "trust the counts" (tiny k, good for long contexts on big data) to "nearly
 # uniform" (k >> 1); the best k for char-level trigrams sits in the middle.
@@ -241,8 +242,6 @@ def ngram_baselines(dataset: str, tokenizer: str, orders=(1, 2, 3), k_grid=None,
     DataFrame: ``ngram_baselines("tinyshakespeare", "char")``. Each split's loss is also given
     in the units of a trained run's row (``records.loss_units``: perplexity, bits per token and,
     for a subword tokenizer, perplexity per word), so that the references fill the same columns."""
-    from nodelm_lib.runs.records import loss_units
-
     splits = [data.load_tokens(dataset, s, tokenizer, data_dir=data_dir)
               for s in ("train", "validation", "test")]
     vocab_size = data.get_tokenizer(tokenizer, data_dir=data_dir).vocab_size

@@ -40,7 +40,6 @@ from nodelm_lib.training.integrity import RecordError, check_file
 EXIT_COMPLETE, EXIT_FAILED, EXIT_MORE = 0, 1, 3
 
 
-
 def store_snapshot(store: str | Path) -> dict[str, str]:
     """``{path relative to the store: sha256}`` of every record and evaluations file of ``store``."""
     root = Path(store)

@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from nodelm_lib.config import TrainConfig
 from nodelm_lib.data.words import split_words, word_perplexity
 from nodelm_lib.training.flops import forward_flops, training_flops
 from nodelm_lib.training.record import RunRecord
