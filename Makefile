@@ -161,12 +161,13 @@ nbval: setup
 
 # ---------------------------------------------------------------- notebooks
 
-# One phony target per notebook: papermill with params/<nb>/$(PROFILE).yaml.
+# One phony target per notebook: papermill with params/<nb>/$(PROFILE).yaml, whose keys are checked
+# first (papermill injects them as lines of code: a key must be a parameter of the notebook).
 # PROFILE=smoke uses the notebook's own parameters cell when no smoke.yaml exists.
 $(NOTEBOOKS): %: setup
 	@mkdir -p results/executed
 	@params="params/$*/$(PROFILE).yaml"; \
-	if [ -f "$$params" ]; then popt="-f $$params"; \
+	if [ -f "$$params" ]; then popt="-f $$params"; $(VPY) -m nodelm_lib check-params notebooks/$*.ipynb "$$params"; \
 	elif [ "$(PROFILE)" = smoke ]; then popt=""; \
 	else echo "error: $$params not found (profiles here: $$(ls params/$*/ 2>/dev/null | tr '\n' ' '))" >&2; exit 1; fi; \
 	echo ">> $* [$(PROFILE)]: papermill notebooks/$*.ipynb -> results/executed/$*_$(PROFILE).ipynb"; \
@@ -227,6 +228,7 @@ docs-notebooks: setup
 	@commit=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown); \
 	for nb in $(DOCS_EXECUTED); do \
 	  echo ">> $$nb [$(DOCS_PROFILE)] -> docs/notebooks/$$nb.ipynb"; start=$$(date +%s); \
+	  $(VPY) -m nodelm_lib check-params notebooks/$$nb.ipynb params/$$nb/$(DOCS_PROFILE).yaml; \
 	  $(KERNEL_ENV) $(VENV)/bin/papermill notebooks/$$nb.ipynb "$(DOCS_WORK)/$$nb.ipynb" \
 	    -f params/$$nb/$(DOCS_PROFILE).yaml -p work_dir "$(abspath $(DOCS_WORK))" \
 	    --cwd notebooks -k python3 $(PAPERMILL_FLAGS); \

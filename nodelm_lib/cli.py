@@ -18,6 +18,8 @@ Subcommands:
   chunk     run a notebook's profile within a time budget (runs that cannot finish in time are
             not started) and pack the records it added into one archive (``runs/chunks.py``)
   import-runs  check the records of chunk archives and add them to a run store
+  check-params  check a parameters file for a notebook before papermill injects it as code
+            (``make <nb>`` runs it first): every key a parameter of the notebook, each set once
 """
 
 from __future__ import annotations
@@ -231,6 +233,14 @@ def _chunk(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _check_params(args: argparse.Namespace) -> int:
+    from nodelm_lib.experiments.profiles import check_parameters_file
+
+    values = check_parameters_file(args.notebook, args.params)
+    print(f"{args.params}: {len(values)} parameter(s) of {Path(args.notebook).name}")
+    return 0
+
+
 def _import_runs(args: argparse.Namespace) -> int:
     from nodelm_lib.runs.chunks import import_archive
 
@@ -353,6 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("archives", nargs="+", help="archives written by `chunk`")
     p.add_argument("--store", required=True, help="the run store to add them to, e.g. results/runs/gpu")
     p.set_defaults(func=_import_runs)
+
+    p = sub.add_parser("check-params", help="check a parameters file for a notebook before papermill injects it")
+    p.add_argument("notebook", help="the notebook file (.ipynb) whose parameters cell declares the names")
+    p.add_argument("params", help="the YAML parameters file (papermill's -f)")
+    p.set_defaults(func=_check_params)
 
     p = sub.add_parser("store", help="check a run store's records (and checkpoints); move bad ones aside")
     p.add_argument("action", choices=("check", "quarantine"),

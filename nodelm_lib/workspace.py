@@ -47,7 +47,11 @@ class Workspace:
         return self.root / "checkpoints"
 
     def runs(self, profile: str) -> Path:
-        """The run store of one profile: one JSON record per finished run, named by config hash."""
+        """The run store of one profile: one JSON record per finished run, named by config hash.
+        ``profile`` is a name, not a path: a store outside ``results/runs`` would escape the work folder."""
+        if not profile or profile in (".", "..") or any(sep in profile for sep in ("/", "\\", "\0")):
+            raise ValueError(f"run store name {profile!r} is not valid; it is a profile's name (e.g. 'cpu'), "
+                             "a single folder name under results/runs")
         return self.results / "runs" / profile
 
     def rel(self, path: str | Path) -> str:

@@ -246,12 +246,13 @@ def test_workers_is_a_count_or_auto(tmp_path, workers):
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_notebook_runs_in_this_process_and_a_misspelt_parameter_stops_it(tmp_path, capsys):
+def test_a_misspelt_parameter_stops_a_notebook_in_this_process_before_any_cell_runs(tmp_path):
     from nodelm_lib.experiments.notebook_here import run_notebook_here
 
     notebook = ROOT / "notebooks" / "01_gradient_flow.ipynb"
-    assert run_notebook_here(notebook, parameters={"work_dir": str(tmp_path), "max_step": 20}) == 1
-    assert "'max_step' (did you mean 'max_steps'?)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"sets 'max_step' \(did you mean 'max_steps'\?\)"):
+        run_notebook_here(notebook, parameters={"work_dir": str(tmp_path), "max_step": 20})
+    assert not list(tmp_path.iterdir())  # no cell ran: the notebook would have made its work folders
 
 
 def test_the_chunk_command_runs_a_notebook_in_this_process_and_packs_its_runs(tmp_path, monkeypatch):

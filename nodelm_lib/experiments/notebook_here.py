@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .profiles import INJECTED_HEADER, SMOKE, load_profile
+from .profiles import INJECTED_HEADER, SMOKE, check_parameter_names, declared_parameters, load_profile
 
 
 def _source(cell: dict) -> str:
@@ -28,17 +28,22 @@ def _source(cell: dict) -> str:
 
 
 def injected_cell(values: dict[str, Any]) -> str:
-    """The cell papermill would inject for ``values``."""
+    """The cell papermill would inject for ``values``; names that are not identifiers are refused
+    (each becomes the left side of a line of code)."""
+    check_parameter_names(values)
     return INJECTED_HEADER + "\n" + "".join(f"{name} = {value!r}\n" for name, value in values.items())
 
 
 def run_notebook_here(path: str | Path, profile: str = SMOKE, parameters: dict[str, Any] | None = None,
                       cwd: str | Path | None = None) -> int:
     """Run the notebook at ``path`` with ``profile``'s values (none for ``smoke``) and then
-    ``parameters`` over them; returns 0, or 1 after printing the failing cell's traceback."""
+    ``parameters`` over them; returns 0, or 1 after printing the failing cell's traceback.
+    Before any cell runs, every name in the profile and ``parameters`` must be a parameter the
+    notebook's parameters cell declares (a ValueError otherwise): the values run as code."""
     path = Path(path)
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     values = {**(load_profile(path.stem, profile) if profile != SMOKE else {}), **(parameters or {})}
+    check_parameter_names(values, declared_parameters(path), source=f"{path.name} [{profile}]")
     history: list[str] = [""]  # IPython's In starts with an empty entry
     namespace: dict[str, Any] = {"__name__": "__main__", "In": history, "display": lambda *args, **kwargs: None}
     os.environ.setdefault("MPLBACKEND", "Agg")

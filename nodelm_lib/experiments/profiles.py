@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
+import keyword
 from pathlib import Path
 from typing import Any, Iterable, MutableMapping
 
@@ -60,10 +62,63 @@ def load_profile(notebook: str, profile: str) -> dict[str, Any]:
         raise ValueError(f"notebook {notebook!r} has no profile {profile!r}; choose one of {', '.join(map(repr, names))} "
                          f"(or {SMOKE!r}: the parameters cell's own values)")
     path = params_dir() / notebook / f"{profile}.yaml"
+    values = read_parameters_file(path)
+    store = values.get("store_profile")
+    if store is not None and store not in names:  # a path here would put the store anywhere
+        raise ValueError(f"{path}: store_profile={store!r} is not valid; it names another profile of {notebook!r} "
+                         f"whose run store this one shares: one of {', '.join(map(repr, names))} (or null: its own)")
+    return values
+
+
+def read_parameters_file(path: str | Path) -> dict[str, Any]:
+    """The parameter values in the YAML file ``path`` (a profile, or a file for papermill's ``-f``):
+    a mapping whose keys are Python identifiers (``check_parameter_names``), each set once."""
     with open(path) as f:  # the file, not its text: an error then names it
         values = yaml.load(f, Loader=_UniqueKeys)
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a mapping of parameter names to values")
+    check_parameter_names(values, source=str(path))
+    return values
+
+
+def check_parameter_names(values: dict[str, Any], declared: Iterable[str] | None = None, source: str = "parameters") -> None:
+    """Refuse a parameter name that is not a Python identifier, or (given ``declared``, the names a
+    notebook's parameters cell assigns) one the notebook does not declare.
+
+    Papermill, and ``run_notebook_here``, inject the values as ``name = value`` lines that run as
+    code: a key such as ``"x\nimport os; os.system('...')\ny"`` would run its middle line. So the
+    names are checked before any cell runs, not by ``check_injected`` inside the notebook, which
+    comes too late and sees only the assignments such a key makes."""
+    for name in values:
+        if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
+            raise ValueError(f"{source}: parameter name {name!r} is not valid; a parameter is a Python identifier "
+                             "(letters, digits and _, not starting with a digit, not a keyword)")
+    if declared is not None:
+        declared = set(declared)
+        unknown = sorted(set(values) - declared)
+        if unknown:
+            hints = {name: difflib.get_close_matches(name, sorted(declared), n=1) for name in unknown}
+            said = "; ".join(f"{n!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for n, h in hints.items())
+            raise ValueError(f"{source} sets {said}, which the notebook's parameters cell does not define; its "
+                             f"parameters: {', '.join(sorted(n for n in declared if not n.startswith('_')))}")
+
+
+def declared_parameters(notebook_path: str | Path) -> set[str]:
+    """The names that the cell tagged ``parameters`` of the notebook file ``notebook_path`` assigns."""
+    cells = json.loads(Path(notebook_path).read_text())["cells"]
+    tagged = [c for c in cells if c["cell_type"] == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not tagged:
+        raise ValueError(f"{notebook_path} has no code cell tagged 'parameters' to take values")
+    source = tagged[0]["source"]
+    return _assigned("".join(source) if isinstance(source, list) else source)
+
+
+def check_parameters_file(notebook_path: str | Path, path: str | Path) -> dict[str, Any]:
+    """The values of the parameters file ``path`` for the notebook ``notebook_path``, checked as
+    ``make <notebook>`` needs them before papermill injects them (``python -m nodelm_lib
+    check-params``): names that are identifiers and parameters of the notebook, each set once."""
+    values = read_parameters_file(path)
+    check_parameter_names(values, declared_parameters(notebook_path), source=str(path))
     return values
 
 
