@@ -19,7 +19,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-CLEAR_KINDS = {"ValueError", "FileNotFoundError", "CLIFailure", "Warned", "RecordError", "CheckpointError"}
+CLEAR_KINDS = {"ValueError", "FileNotFoundError", "CLIFailure", "Warned", "RecordError", "CheckpointError", "DiskFull",
+               "UnknownKeyError"}
 
 
 def load_table(path: Path):

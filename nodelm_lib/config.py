@@ -117,6 +117,44 @@ def _check_positive(key: str, value: Any, allow_zero: bool = False) -> None:
         raise ValueError(f"{key}={value!r} is not valid; it must be {bound}")
 
 
+# The largest size a model dimension may have: a tensor dimension beyond it is no model that could
+# be allocated, and torch would report an overflow deep inside ("Storage size calculation
+# overflowed") instead of naming the field.
+MAX_SIZE = 2**31 - 1
+# what a seed may be: torch's generators take unsigned 64-bit seeds, numpy's SeedSequence
+# (a data-parallel rank's stream) non-negative ones
+MAX_SEED = 2**64 - 1
+
+
+def _check_at_most(key: str, value: Any, bound: int, what: str) -> None:
+    if value > bound:
+        raise ValueError(f"{key}={value!r} is not valid; it must be at most {bound} ({what})")
+
+
+class UnknownKeyError(TypeError, ValueError):
+    """A config built with a keyword that is none of its fields. A TypeError, as for any function
+    given an unexpected keyword, and a ValueError, as for every other bad config value."""
+
+
+def _named_fields_only(cls: type) -> type:
+    """Make the dataclass ``cls``'s constructor (and so ``dataclasses.replace``) refuse an unknown
+    keyword with an error that lists the valid ones, instead of Python's bare "unexpected keyword"."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = [f.name for f in fields(cls)]
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            raise UnknownKeyError(f"{cls.__name__} has no field {', '.join(map(repr, unknown))}; "
+                                  f"valid keys: {', '.join(names)}")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_named_fields_only
 @dataclass
 class ODEConfig:
     """How a continuous-depth block is integrated over t in [0, 1].
@@ -142,6 +180,7 @@ class ODEConfig:
         _check_positive("ode.max_num_steps", self.max_num_steps)
 
 
+@_named_fields_only
 @dataclass
 class ModelConfig:
     """Architecture of a causal language model; ``arch`` selects the family.
@@ -208,6 +247,14 @@ class ModelConfig:
         for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "mlp_ratio", "time_hidden",
                     "hyper_dim", "ssm_state_size"):
             _check_positive(f"model.{key}", getattr(self, key))
+        for key in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len", "time_features", "time_hidden",
+                    "hyper_dim", "ssm_state_size", "control_dim"):
+            if getattr(self, key) is not None:
+                _check_at_most(f"model.{key}", getattr(self, key), MAX_SIZE, "2**31 - 1")
+        if self.mlp_ratio * self.d_model < 1 - 1e-9:  # below one hidden unit: nn.mlp_hidden would round it up to 1
+            raise ValueError(f"model.mlp_ratio={self.mlp_ratio!r} is not valid: with model.d_model={self.d_model} the "
+                             f"MLP's hidden width mlp_ratio * d_model = {self.mlp_ratio * self.d_model:g} is below one "
+                             f"unit; it must be at least 1 (mlp_ratio >= 1 / d_model = {1 / self.d_model:g})")
         if self.time_features < 2 or self.time_features % 2:
             raise ValueError(f"model.time_features={self.time_features!r} is not valid; it must be an even number >= 2")
         if self.d_model % self.n_heads:
@@ -291,6 +338,7 @@ def for_arch(cfg: ModelConfig, arch: str) -> ModelConfig:
     return dataclasses.replace(cfg, **values)
 
 
+@_named_fields_only
 @dataclass
 class TrainConfig:
     """One training run: model, data, optimisation, evaluation, checkpoints and logging.
@@ -366,6 +414,9 @@ class TrainConfig:
             _check_positive(key, getattr(self, key))
         for key in ("warmup_steps", "weight_decay", "grad_clip", "checkpoint_interval"):
             _check_positive(key, getattr(self, key), allow_zero=True)
+        for key in ("seed", "eval_seed"):
+            _check_positive(key, getattr(self, key), allow_zero=True)
+            _check_at_most(key, getattr(self, key), MAX_SEED, "2**64 - 1: torch's generators take 64-bit seeds")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r} is not valid; it must be in [0, 1]")
         for key in ("beta1", "beta2"):  # AdamW's averages: a beta of 1 would never move
@@ -487,11 +538,31 @@ def save_yaml(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """A safe YAML loader that refuses a mapping setting one key twice (plain YAML keeps the last
+    value silently). Configs and notebook profiles are read with it."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
+    twice = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+    if twice:
+        raise ValueError(f"{node.start_mark.name}: sets {twice} twice")
+    return loader.construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def load_yaml(path: str | Path, cls: type = None) -> Any:
-    """Load a config from YAML; ``cls`` defaults to TrainConfig. Errors name the file."""
+    """Load a config from YAML; ``cls`` defaults to TrainConfig. Errors name the file; a key set
+    twice is refused."""
     cls = cls or TrainConfig
+    if Path(path).is_dir():
+        raise ValueError(f"{path} is a folder; a config is a YAML file of {cls.__name__} fields (key: value lines)")
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        with open(path) as f:  # the file, not its text: the loader's errors then name it
+            data = yaml.load(f, Loader=UniqueKeyLoader) or {}
     except yaml.YAMLError as err:
         raise ValueError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(data, dict):

@@ -22,6 +22,8 @@ from typing import Any, Iterable, MutableMapping
 
 import yaml
 
+from nodelm_lib.config import UniqueKeyLoader
+
 SMOKE = "smoke"
 
 
@@ -74,7 +76,7 @@ def read_parameters_file(path: str | Path) -> dict[str, Any]:
     """The parameter values in the YAML file ``path`` (a profile, or a file for papermill's ``-f``):
     a mapping whose keys are Python identifiers (``check_parameter_names``), each set once."""
     with open(path) as f:  # the file, not its text: an error then names it
-        values = yaml.load(f, Loader=_UniqueKeys)
+        values = yaml.load(f, Loader=UniqueKeyLoader)
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a mapping of parameter names to values")
     check_parameter_names(values, source=str(path))
@@ -216,18 +218,3 @@ def _assigned(source: str) -> set[str]:
         for target in targets:
             names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
     return names
-
-
-class _UniqueKeys(yaml.SafeLoader):
-    """A YAML loader that refuses a mapping setting one key twice."""
-
-
-def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
-    twice = sorted({k for k in keys if keys.count(k) > 1})
-    if twice:
-        raise ValueError(f"{node.start_mark.name}: sets {twice} twice")
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)

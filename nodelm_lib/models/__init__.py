@@ -36,6 +36,10 @@ MATCH_BY = ("d_model", "mlp_ratio")
 
 def build_model(cfg: ModelConfig) -> CausalLM:
     """Build the model that ``cfg.arch`` names (randomly initialised, on the CPU)."""
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"build_model takes a ModelConfig (nl.ModelConfig(arch=..., ...)), got "
+                         f"{type(cfg).__name__}" + (": build one with nl.config.from_dict(nl.ModelConfig, d)"
+                                                    if isinstance(cfg, dict) else ""))
     if cfg.arch not in _REGISTRY:
         raise ValueError(f"model.arch={cfg.arch!r} is not valid; choose one of {', '.join(map(repr, _REGISTRY))}")
     return _REGISTRY[cfg.arch](cfg)

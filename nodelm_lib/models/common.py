@@ -89,6 +89,9 @@ class CausalLM(nn.Module):
         the ``cache.length`` already processed, and their state is added to the cache."""
         check_token_ids(idx, self.cfg.vocab_size, read_values=idx.device.type == "cpu" and not compiling())
         B, T = idx.shape
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(f"targets must have idx's shape {tuple(idx.shape)} (the next token of each position), "
+                             f"got {tuple(targets.shape)}")
         if cache is not None and compiling():  # the layers cannot see the cache there (``compiling``)
             raise ValueError("decoding with a cache under torch.compile is not supported: pass the "
                              "uncompiled model (nl.generate does)")

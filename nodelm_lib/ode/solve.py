@@ -93,5 +93,43 @@ def odeint(
     solver = Solver(method, steps_per_interval, rtol, atol, max_num_steps)
     grad.check(solver)
     check_inputs(x0, t)
+    check_params(params)
     t = t.to(device=x0.device, dtype=x0.dtype if x0.is_floating_point() else torch.float32)
-    return grad.solve(solver, field, x0, t, params, counters if counters is not None else stats)
+    try:
+        return grad.solve(solver, field, x0, t, params, counters if counters is not None else stats)
+    except (TypeError, RuntimeError) as err:
+        problem = field_problem(field, x0, t)
+        if problem is None:
+            raise
+        raise ValueError(problem) from err
+
+
+def check_params(params) -> None:
+    """ValueError unless ``params`` is None or an iterable of tensors (what a gradient method
+    differentiates besides x0)."""
+    if params is None:
+        return
+    if isinstance(params, torch.Tensor) or not hasattr(params, "__iter__"):
+        raise ValueError(f"params must be a list of tensors (e.g. list(module.parameters())), got {type(params).__name__}")
+    for i, p in enumerate(params):
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"params[{i}]={p!r} is not valid: params must be tensors (e.g. list(module.parameters())), "
+                             f"got {type(p).__name__}")
+
+
+def field_problem(field: Field, x0: torch.Tensor, t: torch.Tensor) -> str | None:
+    """What is wrong with ``field``'s output at (t[0], x0), or None if nothing is: asked only after
+    a solve has failed, so that a field returning None or a tensor of another shape is named as the
+    cause instead of the solver's arithmetic failing on it (an extra evaluation, but only then)."""
+    try:
+        with torch.no_grad():
+            out = field(t[0], x0)
+    except Exception:  # the field itself raises: its own error is the one to see
+        return None
+    if not isinstance(out, torch.Tensor):
+        return (f"the field returned {type(out).__name__} at t={t[0].item():g}; it must return dx/dt, a tensor of "
+                f"x0's shape {tuple(x0.shape)}")
+    if out.shape != x0.shape:
+        return (f"the field returned a tensor of shape {tuple(out.shape)} at t={t[0].item():g}; dx/dt must have "
+                f"x0's shape {tuple(x0.shape)}")
+    return None

@@ -207,9 +207,15 @@ NO_HARD_LINKS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.
 def _create(path: Path, info: dict) -> bool:
     """Put a complete claim file at ``path`` unless one is there (``_place``)."""
     tmp = path.with_name(f".{path.name}.{info['token']}.tmp")
-    tmp.write_text(json.dumps(info))
     try:
+        tmp.write_text(json.dumps(info))
         return _place(tmp, path)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(err.errno, f"No space left on the disk of the run store {path.parent}: the claim "
+                                     f"{path.name} could not be written; free some space and run again (the "
+                                     f"store's records are intact)", str(path)) from err
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -235,8 +241,11 @@ def _place(src: Path, path: Path) -> bool:
     try:
         os.write(fd, data)
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        path.unlink(missing_ok=True)  # an empty or partial claim would block the run until it went stale
+        raise
+    os.close(fd)
     return True
 
 

@@ -24,7 +24,7 @@ import logging
 from pathlib import Path
 
 from nodelm_lib.config import TrainConfig
-from nodelm_lib.files import atomic_write_text
+from nodelm_lib.files import atomic_write_text, check_folder
 from nodelm_lib.training.distributed import launch_context
 from nodelm_lib.training.evaluation import with_tokenizer_vocab
 from nodelm_lib.training.integrity import read_evaluations_file, verify_record
@@ -130,6 +130,8 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
     time budget (``budget.py``), a run that cannot finish in time raises ``BudgetReached``
     before it starts.
     """
+    check_folder("store", store)
+    check_folder("checkpoints", checkpoints)
     tc = with_tokenizer_vocab(tc)
     done = finished_record(tc, store, checkpoints, need_checkpoint)
     if done is not None:

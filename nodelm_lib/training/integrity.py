@@ -67,6 +67,16 @@ def parsed_digest(data: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
 
 
+def read_record_text(path: Path) -> str:
+    """The text of the stored file ``path``; a ``RecordError`` naming it (and what to do) where its
+    bytes are not UTF-8, as every writer here writes: a damaged file, or not a record at all."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise RecordError(f"{path} is not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset "
+                          f"{err.start}): it was damaged, or is not a record; {what_to_do(path)}") from None
+
+
 def parse_record(text: str, path: Path | None, fields: Iterable[str], required: Iterable[str]) -> dict:
     """The fields of a record from its JSON ``text``, read from ``path`` (None: given as text),
     its digest checked where it has one. ``fields``: a record's stored fields; ``required``:
@@ -147,7 +157,7 @@ def read_evaluations_file(path: str | Path) -> dict:
     the run of its file name."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_record_text(path))
     except json.JSONDecodeError as err:
         raise RecordError(f"{path} is not readable JSON ({err}): it was cut short or edited; "
                           f"{what_to_do(path)}") from None

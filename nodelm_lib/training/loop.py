@@ -38,6 +38,7 @@ from tqdm import tqdm  # text bar everywhere: tqdm.auto warns without ipywidgets
 from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.data import sample_batch
 from nodelm_lib.data.words import split_words
+from nodelm_lib.files import check_folder
 from nodelm_lib.models import CausalLM, build_model
 from nodelm_lib.nn.losses import release_kept_buffers
 
@@ -74,6 +75,8 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     writes files and shows progress, and ``callback`` runs on every rank.
     """
     t_start = time.perf_counter()
+    check_folder("out_dir", tc.out_dir)
+    check_folder("log_dir", tc.log_dir)
     tc = with_tokenizer_vocab(tc)
     ctx = distributed.launch_context()
     local_batch = distributed.check_batch_divides(tc.batch_size, ctx.world_size)

@@ -10,6 +10,7 @@ A file holds only plain containers, numbers, strings and tensors, so ``torch.loa
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -64,6 +65,22 @@ def load_torch_file(path: str | Path, what: str = "model file") -> object:
                               f"{way_out}") from None
 
 
+class NonFiniteWeightsWarning(UserWarning):
+    """A model file whose weights hold NaN or inf: every output of the model will be NaN."""
+
+
+def warn_non_finite(weights: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Warn, naming ``path`` and the tensors, where ``weights`` hold NaN or inf values. A legal file
+    (a run that diverged may be saved), but surely not one meant to be used."""
+    bad = {name: int((~torch.isfinite(w)).sum()) for name, w in weights.items()
+           if w.is_floating_point() and not torch.isfinite(w).all()}
+    if bad:
+        shown = ", ".join(f"{name} ({n})" for name, n in list(bad.items())[:3]) + (", ..." if len(bad) > 3 else "")
+        warnings.warn(f"model file {path} holds {sum(bad.values())} non-finite weight(s) (NaN or inf) in "
+                      f"{len(bad)} tensor(s): {shown}; the model's outputs will be NaN (a run that diverged, "
+                      f"or a damaged file)", NonFiniteWeightsWarning, stacklevel=3)
+
+
 def read_checkpoint(path: str | Path) -> dict:
     """The contents of a model file or training checkpoint, loaded with ``weights_only=True``
     (``load_torch_file``)."""
@@ -86,6 +103,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> CausalLM
     state = read_checkpoint(path)
     cfg = from_dict(ModelConfig, state["model_config"])
     model = build_model(cfg)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:  # torch lists every mismatch, one per line: the first says enough
+        first = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), str(err))
+        raise ValueError(f"the weights in {path} do not fit the model config stored with them (model.arch="
+                         f"{cfg.arch!r}, d_model={cfg.d_model}, n_layers={cfg.n_layers}): the config was edited, "
+                         f"or the weights come from another model; {first}") from None
+    warn_non_finite(state["model"], path)
     model.checkpoint_metadata = {k: v for k, v in state.items() if k not in ("model", "model_config", "optimizer")}
     return model.to(device).eval()

@@ -85,7 +85,7 @@ class RunRecord:
         text, path = str(text_or_path), None
         if not text.lstrip().startswith("{"):
             path = Path(text_or_path)
-            text = path.read_text()
+            text = integrity.read_record_text(path)
         fields = [f for f in dataclasses.fields(cls) if f.metadata.get("stored", True)]
         required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         return cls(**integrity.parse_record(text, path, [f.name for f in fields], required))
