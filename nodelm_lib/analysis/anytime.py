@@ -1,0 +1,186 @@
+"""Loss against inference compute: a trained continuous-depth model solved at any cost.
+
+Depth is a solver setting for a continuous-depth model: the same weights can be solved on a fixed
+grid of any number of steps, or by an adaptive solver at a tolerance. The cost of a setting is its
+number of field evaluations (NFE) per token: every position passes through each evaluation of the
+one time-dependent block, as it passes through each layer of a stack, so NFE is the depth the
+setting pays for (a fixed-step method of s stages pays s per step).
+
+- ``evaluate_settings``: loss, NFE per token and wall time of a model at each solver setting;
+- ``per_sequence_nfe``: an adaptive solver's NFE for each sequence solved alone (which inputs
+  need more compute);
+- ``anytime_profile`` / ``anytime_area``: the best loss affordable within each NFE budget, and its
+  mean over a range of budgets (the area under the loss-vs-NFE curve, per unit of log2 NFE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from nodelm_lib.models import CausalLM
+from nodelm_lib.models.common import ODEBlock
+from nodelm_lib.ode import ADAPTIVE_METHODS
+from nodelm_lib.ode.tableaus import TABLEAUS
+
+
+@dataclass(frozen=True)
+class SolveSetting:
+    """One way to solve a model's ODE block at inference: ``n_steps`` fixed steps of ``method``,
+    or an adaptive ``method`` at tolerance ``rtol`` (``atol = rtol * atol_ratio``)."""
+
+    method: str
+    n_steps: int | None = None
+    rtol: float | None = None
+    atol_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        valid = (*TABLEAUS, *ADAPTIVE_METHODS)
+        if self.method not in valid:
+            raise ValueError(f"method={self.method!r} is not valid; choose one of {', '.join(map(repr, valid))}")
+        adaptive = self.method in ADAPTIVE_METHODS
+        if adaptive and not (self.rtol is not None and math.isfinite(self.rtol) and self.rtol > 0):
+            raise ValueError(f"an adaptive method ({self.method!r}) needs rtol, a finite number > 0; got {self.rtol!r}")
+        if not adaptive and not (isinstance(self.n_steps, int) and self.n_steps >= 1):
+            raise ValueError(f"a fixed-step method ({self.method!r}) needs n_steps, an integer >= 1; got {self.n_steps!r}")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.method in ADAPTIVE_METHODS
+
+    def ode_changes(self) -> dict:
+        """What ``CausalLM.set_ode`` is given for this setting."""
+        if self.adaptive:
+            return dict(method=self.method, rtol=self.rtol, atol=self.rtol * self.atol_ratio)
+        return dict(method=self.method, n_steps=self.n_steps)
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} rtol={self.rtol:g}" if self.adaptive else f"{self.method} {self.n_steps}"
+
+
+def fixed_grid_settings(nfe_budgets: Iterable[int], method: str = "euler") -> list[SolveSetting]:
+    """The fixed grids of ``method`` whose NFE per token is each budget (a budget that is not a
+    multiple of the method's stages is left out: no grid of that method costs exactly it)."""
+    if method not in TABLEAUS:
+        raise ValueError(f"method={method!r} is not valid; choose one of {', '.join(map(repr, TABLEAUS))}")
+    stages = TABLEAUS[method].n_stages
+    return [SolveSetting(method, n_steps=b // stages) for b in nfe_budgets if b >= stages and b % stages == 0]
+
+
+@contextlib.contextmanager
+def solved_with(model: CausalLM, setting: SolveSetting) -> Iterator[CausalLM]:
+    """``model`` with its ODE block solved as ``setting`` says, restored afterwards."""
+    blocks = [m for m in model.modules() if isinstance(m, ODEBlock)]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no ODE block: its depth is not a solver setting")
+    trained = [block.ode for block in blocks]
+    model.set_ode(**setting.ode_changes())
+    try:
+        yield model
+    finally:
+        for block, ode in zip(blocks, trained):
+            block.ode = ode
+
+
+@torch.no_grad()
+def _scored(model: CausalLM, batches: Sequence, device: torch.device) -> tuple[float, int, int, float]:
+    """(mean loss per token, tokens, NFE summed over the batches' solves, seconds) of ``model`` over
+    ``batches``, in eval mode."""
+    was_training = model.training
+    model.eval()
+    total, tokens, nfe, seconds = 0.0, 0, 0, 0.0
+    try:
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            start = time.perf_counter()
+            _, loss = model(x, y, return_logits=False)
+            seconds += time.perf_counter() - start
+            total += float(loss) * y.numel()
+            tokens += y.numel()
+            nfe += model.ode_stats()["nfe"]
+    finally:
+        model.train(was_training)
+    return total / tokens, tokens, nfe, seconds
+
+
+def evaluate_settings(model: CausalLM, batches: Sequence, settings: Iterable[SolveSetting],
+                      device: str | torch.device = "cpu") -> pd.DataFrame:
+    """One row per setting: ``loss`` (mean per token over ``batches``), ``nfe`` (field evaluations
+    per token: the solves' NFE, each solve covering its whole batch, averaged over the batches),
+    ``ms_per_token`` (the forward passes' wall time over the tokens scored) and the setting."""
+    device = torch.device(device)
+    batches = list(batches)
+    if not batches:
+        raise ValueError("batches is empty: nothing to score")
+    rows = []
+    for setting in settings:
+        with solved_with(model, setting):
+            loss, tokens, nfe, seconds = _scored(model, batches, device)
+        rows.append({"setting": setting.label, "method": setting.method, "n_steps": setting.n_steps,
+                     "rtol": setting.rtol, "adaptive": setting.adaptive, "nfe": nfe / len(batches), "loss": loss,
+                     "ms_per_token": 1e3 * seconds / tokens, "tokens": tokens})
+    return pd.DataFrame(rows)
+
+
+def per_sequence_nfe(model: CausalLM, batches: Sequence, setting: SolveSetting,
+                     device: str | torch.device = "cpu") -> pd.DataFrame:
+    """An adaptive ``setting``'s cost for each sequence solved alone: one row per sequence of
+    ``batches`` with its ``nfe``, ``loss`` and ``rejected`` steps. An adaptive solver chooses its
+    steps for the whole tensor it is given, so a sequence's own need shows only when it is solved
+    on its own (the distribution says which inputs need more compute)."""
+    if not setting.adaptive:
+        raise ValueError(f"per_sequence_nfe needs an adaptive setting (one of {', '.join(ADAPTIVE_METHODS)}); "
+                         f"a fixed grid ({setting.label}) costs every sequence the same")
+    device = torch.device(device)
+    rows = []
+    with solved_with(model, setting):
+        for b, (x, y) in enumerate(batches):
+            for i in range(x.shape[0]):
+                loss, _, nfe, _ = _scored(model, [(x[i:i + 1], y[i:i + 1])], device)
+                rows.append({"batch": b, "row": i, "nfe": nfe, "loss": loss,
+                             "rejected": model.ode_stats()["n_rejected"]})
+    return pd.DataFrame(rows)
+
+
+def anytime_profile(curve: pd.DataFrame, budgets: Iterable[float], nfe: str = "nfe", loss: str = "loss") -> pd.Series:
+    """The best ``loss`` among the rows of ``curve`` whose ``nfe`` is within each budget: what the
+    model achieves when it may spend at most that much (NaN for a budget below every row's NFE).
+    Non-increasing in the budget by construction."""
+    points = curve[[nfe, loss]].dropna().sort_values(nfe)
+    best = points[loss].cummin().to_numpy()
+    costs = points[nfe].to_numpy()
+    values = {}
+    for budget in budgets:
+        within = np.searchsorted(costs, budget, side="right")
+        values[budget] = best[within - 1] if within else math.nan
+    return pd.Series(values, name=loss).rename_axis("budget")
+
+
+def anytime_area(curve: pd.DataFrame, low: float, high: float, nfe: str = "nfe", loss: str = "loss") -> float:
+    """The mean of ``anytime_profile`` over budgets from ``low`` to ``high``, uniform in log2 NFE:
+    the area under the loss-vs-NFE curve divided by its width (lower is better; comparable across
+    models evaluated over the same range). The profile is a step function, integrated exactly."""
+    if not 0 < low < high:
+        raise ValueError(f"need 0 < low < high, got low={low!r}, high={high!r}")
+    points = curve[[nfe, loss]].dropna().sort_values(nfe)
+    if points.empty or points[nfe].iloc[0] > low:
+        cheapest = points[nfe].iloc[0].item() if not points.empty else None
+        raise ValueError(f"the curve has no point within the lowest budget {low!r} (its cheapest costs {cheapest!r}): "
+                         "its area from there is not defined")
+    edges = sorted({low, high, *(c for c in points[nfe] if low < c < high)})
+    profile = anytime_profile(points, edges[:-1], nfe, loss)  # the value on each [edge, next edge)
+    widths = np.diff(np.log2(edges))
+    return float(np.dot(profile.to_numpy(), widths) / math.log2(high / low))
+
+
+__all__ = ["SolveSetting", "fixed_grid_settings", "solved_with", "evaluate_settings", "per_sequence_nfe",
+           "anytime_profile", "anytime_area"]
+

@@ -1,0 +1,103 @@
+"""Loss against inference compute (analysis/anytime.py): the NFE reported is the field's own count,
+a setting is restored after use, and the anytime profile and area are what their definitions give."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+import nodelm_lib as nl
+from nodelm_lib.analysis import anytime
+from nodelm_lib.analysis.anytime import SolveSetting
+
+
+def tiny(arch: str) -> nl.models.CausalLM:
+    torch.manual_seed(0)
+    cfg = nl.config.for_arch(nl.ModelConfig(vocab_size=32, d_model=16, n_heads=2, n_layers=2, max_seq_len=16), arch)
+    return nl.build_model(cfg).eval()
+
+
+def batches(n: int = 2, b: int = 3, t: int = 8):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randint(0, 32, (b, t), generator=g), torch.randint(0, 32, (b, t), generator=g)) for _ in range(n)]
+
+
+def counting(model) -> list[int]:
+    """A counter of the model's field evaluations, by a hook on the field module itself."""
+    calls = [0]
+    block = next(m for m in model.modules() if isinstance(m, nl.models.ODEBlock))
+    block.field.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("arch", ["node", "ti_mlp", "ti_ssm", "hybrid"])
+def test_the_nfe_reported_is_the_number_of_field_evaluations(arch):
+    model, data = tiny(arch), batches()
+    calls = counting(model)
+    settings = [SolveSetting("euler", n_steps=3), SolveSetting("rk4", n_steps=2), SolveSetting("dopri5", rtol=1e-3)]
+    table = anytime.evaluate_settings(model, data, settings)
+    assert calls[0] == table["nfe"].sum() * len(data)
+    assert table["nfe"].tolist()[:2] == [3, 8]
+    assert table["nfe"].iloc[2] >= 6  # dopri5: at least one accepted step of 6 new stages
+    assert (table["ms_per_token"] > 0).all() and (table["tokens"] == 2 * 3 * 8).all()
+
+
+def test_per_sequence_nfe_matches_the_field_count_and_a_solve_of_that_sequence():
+    model, data = tiny("node"), batches(n=1)
+    setting = SolveSetting("dopri5", rtol=1e-4)
+    calls = counting(model)
+    per_row = anytime.per_sequence_nfe(model, data, setting)
+    assert len(per_row) == 3 and calls[0] == per_row["nfe"].sum()
+    x, y = data[0]
+    alone = anytime.evaluate_settings(model, [(x[1:2], y[1:2])], [setting])
+    assert alone["nfe"].iloc[0] == per_row["nfe"].iloc[1] and alone["loss"].iloc[0] == pytest.approx(per_row["loss"].iloc[1])
+
+
+def test_a_setting_is_restored_and_the_trained_solve_unchanged():
+    model, data = tiny("node"), batches()
+    trained = model.ode_block.ode
+    before = model(data[0][0])[0]
+    anytime.evaluate_settings(model, data, [SolveSetting("dopri5", rtol=1e-2)])
+    assert model.ode_block.ode == trained and torch.equal(model(data[0][0])[0], before)
+
+
+def test_a_model_without_an_ode_block_is_refused():
+    with pytest.raises(ValueError, match="GPT has no ODE block: its depth is not a solver setting"):
+        anytime.evaluate_settings(tiny("gpt"), batches(), [SolveSetting("euler", n_steps=2)])
+
+
+def test_fixed_grid_settings_cost_the_budgets():
+    assert [s.n_steps for s in anytime.fixed_grid_settings([1, 2, 3, 4, 6, 8, 12, 16])] == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert [s.n_steps for s in anytime.fixed_grid_settings([1, 2, 3, 4, 6, 8, 12, 16], "rk4")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(method="rk5", n_steps=2), r"method='rk5' is not valid; choose one of 'euler'"),
+    (dict(method="euler"), r"a fixed-step method \('euler'\) needs n_steps, an integer >= 1; got None"),
+    (dict(method="dopri5", rtol=0.0), r"an adaptive method \('dopri5'\) needs rtol, a finite number > 0; got 0.0"),
+])
+def test_a_bad_setting_is_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SolveSetting(**kwargs)
+
+
+CURVE = pd.DataFrame({"nfe": [2, 4, 8, 16], "loss": [3.0, 2.0, 2.5, 1.0]})
+
+
+def test_the_anytime_profile_is_the_best_loss_within_each_budget():
+    profile = anytime.anytime_profile(CURVE, [1, 2, 3, 4, 8, 12, 16, 100])
+    assert profile.isna().tolist() == [True] + [False] * 7
+    assert profile.iloc[1:].tolist() == [3.0, 3.0, 2.0, 2.0, 2.0, 1.0, 1.0]
+
+
+def test_the_anytime_area_integrates_the_profile_in_log2_nfe():
+    # on [2, 16]: 3.0 over log2 2..4 (width 1), 2.0 over 4..16 (width 2): (3 + 4) / 3
+    assert anytime.anytime_area(CURVE, 2, 16) == pytest.approx(7 / 3)
+    assert anytime.anytime_area(CURVE, 4, 8) == pytest.approx(2.0)
+    assert anytime.anytime_area(CURVE, 2, 32) == pytest.approx((3 + 2 * 2 + 1 * 1) / 4)
+    with pytest.raises(ValueError, match="no point within the lowest budget 1 .its cheapest costs 2"):
+        anytime.anytime_area(CURVE, 1, 16)
+    assert math.isfinite(anytime.anytime_area(CURVE.sample(frac=1, random_state=0), 2, 16))
