@@ -28,6 +28,7 @@ import numpy as np
 import yaml
 
 from nodelm_lib.ode.solve import SENSITIVITIES
+from nodelm_lib.ode.random_grid import PLACEMENTS, GridDistribution
 from nodelm_lib.ode.solvers import FIXED_STEP_METHODS, METHODS
 
 from .data import CORPORA, TOKENIZERS
@@ -161,6 +162,13 @@ class ODEConfig:
 
     ``n_steps`` is the number of fixed steps (the grid is ``linspace(0, 1, n_steps + 1)``);
     adaptive methods use ``rtol`` / ``atol`` / ``max_num_steps`` instead.
+
+    Training on random grids (``ode.random_grid.GridDistribution``; evaluation keeps the
+    ``n_steps`` grid): each training step draws its number of steps uniformly from
+    ``[grid_min_steps, grid_max_steps]`` (both 0: ``n_steps`` every time), its end time from
+    ``[1 - grid_end_jitter, 1 + grid_end_jitter]``, and with ``grid_placement="random"`` its step
+    points at sorted uniform times. The draw comes from the run seed and the step, so it is
+    reproducible; a fixed-step method only.
     """
 
     method: str = "euler"
@@ -169,6 +177,10 @@ class ODEConfig:
     rtol: float = 1e-3
     atol: float = 1e-4
     max_num_steps: int = 1000
+    grid_min_steps: int = 0
+    grid_max_steps: int = 0
+    grid_end_jitter: float = 0.0
+    grid_placement: str = "uniform"
 
     def __post_init__(self) -> None:
         _check_types(self, "ode.")
@@ -178,6 +190,31 @@ class ODEConfig:
         _check_positive("ode.rtol", self.rtol)
         _check_positive("ode.atol", self.atol)
         _check_positive("ode.max_num_steps", self.max_num_steps)
+        _check_choice("ode.grid_placement", self.grid_placement, PLACEMENTS)
+        if (self.grid_min_steps, self.grid_max_steps) != (0, 0) and not 1 <= self.grid_min_steps <= self.grid_max_steps:
+            raise ValueError(f"ode.grid_min_steps={self.grid_min_steps!r}, ode.grid_max_steps={self.grid_max_steps!r} "
+                             "is not a valid range of step counts; need 1 <= grid_min_steps <= grid_max_steps (or "
+                             "both 0: n_steps at every training step)")
+        if not 0.0 <= self.grid_end_jitter < 1.0:
+            raise ValueError(f"ode.grid_end_jitter={self.grid_end_jitter!r} is not valid; it must be in [0, 1)")
+        if self.random_grid and self.method not in FIXED_STEP_METHODS:
+            raise ValueError(f"random training grids need a fixed-step method ({', '.join(FIXED_STEP_METHODS)}); "
+                             f"ode.method={self.method!r} chooses its own steps")
+        if self.max_num_steps > MAX_SIZE or self.n_steps > MAX_SIZE:
+            raise ValueError(f"ode.n_steps={self.n_steps!r} / ode.max_num_steps={self.max_num_steps!r}: "
+                             f"each must be at most {MAX_SIZE} (2**31 - 1)")
+
+    @property
+    def random_grid(self) -> bool:
+        """Whether training draws a new grid at every step."""
+        return self.grid_max_steps > 0 or self.grid_end_jitter > 0 or self.grid_placement != "uniform"
+
+    def training_grids(self) -> GridDistribution | None:
+        """The distribution training grids are drawn from, or None for the fixed ``n_steps`` grid."""
+        if not self.random_grid:
+            return None
+        low, high = (self.grid_min_steps, self.grid_max_steps) if self.grid_max_steps else (self.n_steps, self.n_steps)
+        return GridDistribution(low, high, self.grid_end_jitter, self.grid_placement)
 
 
 @_named_fields_only
@@ -293,6 +330,10 @@ class ModelConfig:
         if self.integration == "residual" and self.ode.method != "euler":
             raise ValueError(f"model.integration='residual' steps x + f(t_k, x), a discrete stack: "
                              f"it needs model.ode.method='euler', got {self.ode.method!r}")
+        if self.integration == "residual" and (self.ode.grid_end_jitter > 0 or self.ode.grid_placement != "uniform"):
+            raise ValueError("model.integration='residual' adds f(t_k, x) whatever the step's length: its random "
+                             "training grids may vary the number of steps only (ode.grid_end_jitter=0, "
+                             "ode.grid_placement='uniform')")
 
 
 # Tong et al.'s hypernetwork sizes (their qkvflow code's TemporalLinear): 32 sinusoidal
@@ -442,7 +483,8 @@ NON_SEMANTIC_KEYS = frozenset({"out_dir", "checkpoint_interval", "resume", "log_
 # while they hold it, so that every stored record keeps its name. A nested field is named by
 # its dotted path from TrainConfig ("model.position").
 HASHED_ONLY_IF_CHANGED = {"eval_on": "batches", "compile": False, "init_from": None, "model.position": "learned",
-                          "score_test": True}
+                          "score_test": True, "model.ode.grid_min_steps": 0, "model.ode.grid_max_steps": 0,
+                          "model.ode.grid_end_jitter": 0.0, "model.ode.grid_placement": "uniform"}
 
 
 def config_hash(cfg: TrainConfig) -> str:

@@ -23,6 +23,7 @@ from nodelm_lib.nn.decode_cache import DecodeCache, active_cache, compiling
 from nodelm_lib.nn.losses import linear_cross_entropy
 from nodelm_lib.nn.time_grid import time_grid
 from nodelm_lib.ode import FIXED_STEP_METHODS, Solver, SolverCounters, gradient_method
+from nodelm_lib.ode.random_grid import step_generator
 from nodelm_lib.ode.tableaus import TABLEAUS
 
 
@@ -143,6 +144,14 @@ class CausalLM(nn.Module):
         for block in blocks:
             block.ode = dataclasses.replace(ode or block.ode, **changes)
 
+    def draw_grids(self, seed: int, step: int) -> None:
+        """Draw every ODE block's grid for training step ``step`` of a run with seed ``seed``
+        (``ODEBlock.draw_grid``; each block from its own stream of ``random_grid.step_generator``):
+        the training loop calls it before each step, so the grids depend on (seed, step) alone."""
+        blocks = [m for m in self.modules() if isinstance(m, ODEBlock)]
+        for stream, block in enumerate(blocks):
+            block.draw_grid(step_generator(seed, step, stream))
+
     def ode_stats(self) -> dict[str, int]:
         """Solver counters of the last forward (and backward) pass, summed over the ODE blocks.
 
@@ -229,6 +238,8 @@ class ODEBlock(nn.Module):
         self.integration = integration
         self.modulation = modulation
         self.counters = SolverCounters()
+        # the grid of the next training solve (``draw_grid``): times t_0 = 0 < ... < t_n on the CPU
+        self.drawn_grid: torch.Tensor | None = None
 
     @staticmethod
     def times(dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
@@ -245,6 +256,21 @@ class ODEBlock(nn.Module):
         """``(t_m, dt_m)`` of every step of the solve (fixed-step methods; ``Solver.step_times``)."""
         return self.solver().step_times(self.times(dtype, device))
 
+    def draw_grid(self, generator: torch.Generator) -> None:
+        """Draw the grid of the next training solve from ``ode.training_grids()`` (none for a
+        model trained on its fixed grid). Evaluation (``eval()``) always solves the ``ode`` grid."""
+        grids = self.ode.training_grids()
+        self.drawn_grid = None if grids is None else grids.draw(generator, torch.float64)
+
+    def solve_grid(self, dtype: torch.dtype, device) -> tuple[Solver, torch.Tensor]:
+        """The solver and output times of the next solve: in training, after ``draw_grid``, one
+        step per interval of the drawn grid; otherwise ``solver()`` over ``times()``."""
+        if self.training and self.drawn_grid is not None:
+            ode = self.ode
+            return (Solver(ode.method, 1, ode.rtol, ode.atol, ode.max_num_steps),
+                    self.drawn_grid.to(dtype=dtype, device=device))
+        return self.solver(), self.times(dtype, device)
+
     def forward(self, x: torch.Tensor, *args) -> torch.Tensor:
         ode = self.ode
         grad = gradient_method(ode.sensitivity)
@@ -257,15 +283,19 @@ class ODEBlock(nn.Module):
             raise ValueError(f"integration='residual' is a discrete stack x + f(t_k, x): it needs "
                              f"method='euler', got {ode.method!r}")
         self.counters.reset()
-        solver = self.solver()
+        solver, grid = self.solve_grid(x.dtype, x.device)
         grad.check(solver)
+        field = lambda t, h: self.vector_field(t, h, *args)  # noqa: E731
+        n_steps = solver.steps_per_interval * (grid.numel() - 1)
+        if self.integration == "residual" and n_steps != ode.n_steps:  # a drawn grid: f once per step of it
+            field = lambda t, h: self.vector_field(t, h, *args) * (n_steps / ode.n_steps)  # noqa: E731
         times = self.field_times(x) if grad.name == "direct" or not torch.is_grad_enabled() else None
         with time_grid(times) if times is not None else contextlib.nullcontext():
             states = grad.solve(
                 solver,
-                lambda t, h: self.vector_field(t, h, *args),
+                field,
                 x,
-                self.times(x.dtype, x.device),
+                grid,
                 params=(*self.field.parameters(), *(a for a in args if torch.is_tensor(a) and a.requires_grad)),
                 counters=self.counters,
             )
@@ -281,12 +311,13 @@ class ODEBlock(nn.Module):
 
         The times are the solver's own numbers (``step_times``, then stage start t_m + c_i dt_m
         as ``rk_stages`` forms it, in x's dtype), so a field sees bit for bit the t it would see
-        without the grid."""
+        without the grid. The grid is the next solve's (``solve_grid``: a drawn one in training)."""
         ode = self.ode
         if ode.method not in TABLEAUS or active_cache() is not None or compiling():
             return None
         c = TABLEAUS[ode.method].c
-        steps = self.step_times(x.dtype, x.device)
+        solver, grid = self.solve_grid(x.dtype, x.device)
+        steps = solver.step_times(grid)
         return torch.unique(torch.stack([t_m + c_i * dt_m for t_m, dt_m in steps for c_i in c]))
 
     def check_control(self, control: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:

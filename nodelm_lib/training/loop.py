@@ -241,6 +241,8 @@ def train_step(model, step_model, optimizer, tc, step, train_tokens, batch_gen, 
     for group in optimizer.param_groups:
         group["lr"] = lr
     x, y = _training_batch(tc, train_tokens, batch_gen, device, ctx)
+    if tc.model.ode.random_grid:  # this step's solver grid, from (seed, step) alone: a resumed run draws the same
+        model.draw_grids(tc.seed, step)
     with autocast():
         _, loss = step_model(x, y, return_logits=False)
     # the global batch's loss on every rank, so that every rank stops at a non-finite one together
