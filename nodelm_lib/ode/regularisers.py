@@ -25,7 +25,7 @@ the cheaper left-Riemann sum over the solver's step points,
 
     E ~ sum_m dt_m ||f(t_m, x_m)||^2,
 
-whose integrand is the first stage k_1 = f(t_m, x_m) of every Runge-Kutta step: the kinetic
+whose integrand is the first stage ``k_1 = f(t_m, x_m)`` of every Runge-Kutta step: the kinetic
 term costs no extra field evaluation, and the Jacobian term one vjp per sample per step
 (``FlowRegulariser.wrap``). The sum is first order in dt whatever the solver's order; it is a
 penalty, not a measurement, so that is enough.
@@ -161,9 +161,9 @@ class RegularisedField(torch.nn.Module):
     r"""A field that adds the penalty at every step point of the solve it is called by.
 
     An explicit Runge-Kutta solve calls the field s times per step, in order, the first at
-    (t_m, x_m) (``rk_stages``): call i is stage i mod s of step i // s. At each first stage
-    this field adds dt_m (w_E ||f||^2 + w_J ||\partial f / \partial x||_F^2) to the penalty: the
-    left-Riemann sum over the grid, with dt_m from the same grid the solver steps on. Counting
+    ``(t_m, x_m)`` (``rk_stages``): call i is stage i mod s of step i // s. At each first stage
+    this field adds ``dt_m (w_E ||f||^2 + w_J ||df/dx||_F^2)`` to the penalty: the
+    left-Riemann sum over the grid, with ``dt_m`` from the same grid the solver steps on. Counting
     calls, rather than matching times, keeps the bookkeeping exact whatever the stages' times.
 
     - ``sensitivity="direct"`` only: it calls the field exactly once per stage, with a graph.
@@ -259,7 +259,7 @@ def regulariser_flops(field_flops: float, n_samples: int = 1, kinetic: bool = Tr
     - Jacobian term: ``n_samples`` vjps, each about twice the field's forward FLOPs
       (``field_flops``, e.g. from ``torch.utils.flop_counter``), as a backward pass is:
       2 S F.
-    - Kinetic term: no field evaluation (f(t_m, x_m) is the step's first stage anyway); only
+    - Kinetic term: no field evaluation (``f(t_m, x_m)`` is the step's first stage anyway); only
       the elementwise square-and-sum, 2 ``numel``.
     - Each vjp's result is squared and summed: 2 ``numel`` per sample.
 
