@@ -192,3 +192,12 @@ def test_bad_estimator_inputs_and_methods_are_named():
             reg.wrap(field, torch.linspace(0, 1, 3), method)
     with pytest.raises(ValueError, match=r"method='rk5' is not valid; choose one of"):
         reg.wrap(field, torch.linspace(0, 1, 3), "rk5")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cpu_generator_gives_the_same_estimate_on_cuda():
+    """The noise is drawn on the generator's device and moved: one seed, one estimate anywhere."""
+    field, (t, x) = Tanh(), point()
+    cpu = jacobian_frobenius(field, t, x, 4, torch.Generator().manual_seed(0))
+    gpu = jacobian_frobenius(field.cuda(), t.cuda(), x.cuda(), 4, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(gpu.cpu(), cpu)
