@@ -227,13 +227,14 @@ def non_utf8_record():
 
 
 def a_profile(text: str):
-    """Profile ``p`` of a one-cell notebook ``nb`` (parameters ``x`` and ``y``) holding ``text``,
-    run in this process as ``chunk`` runs one; its first cell would write a file if it ran."""
+    """Profile ``p`` of a one-cell notebook ``nb`` (parameters ``x`` and ``y``) holding ``text``
+    (``{root}`` in it is the folder of the notebook), run in this process as ``chunk`` runs one;
+    its first cell would write a file if it ran."""
     from nodelm_lib.experiments import notebook_here, profiles
 
     root = Path(tempfile.mkdtemp(prefix="nodelm-profile-"))
     (root / "params" / "nb").mkdir(parents=True)
-    (root / "params" / "nb" / "p.yaml").write_text(text)
+    (root / "params" / "nb" / "p.yaml").write_text(text.replace("{root}", str(root)))
     cell = {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "outputs": [], "execution_count": None,
             "source": f"open({str(root / 'ran')!r}, 'w').close()\nx = 1\ny = 2"}
     (root / "nb.ipynb").write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
@@ -503,7 +504,7 @@ CASES = {
     "yaml: a model key given twice": (lambda: nl.load_yaml(_yaml("model:\n  d_model: 32\n  d_model: 64\n")), r"sets \['d_model'\] twice"),
     "model file with NaN weights": (lambda: warned(lambda: nl.load_model(model_file_with(lambda s: s["model"]["ln_f.weight"].fill_(NAN)))), r"model file .*model.pt holds 16 non-finite weight\(s\) \(NaN or inf\) in 1 tensor\(s\): ln_f.weight \(16\)"),
     "profile store_profile outside the store": (lambda: store_of_profile("store_profile: ../../../../tmp/x\n"), r"store_profile='../../../../tmp/x' is not valid; it names another profile of 'nb'"),
-    "profile key holding code": (lambda: a_profile('"x\\nopen(\'code_ran\', \'w\').close()\\ny": 1\n'), r"p.yaml: parameter name .x\\nopen\(.*is not valid; a parameter is a Python identifier"),
+    "profile key holding code": (lambda: a_profile('"x\\nopen(\'{root}/code_ran\', \'w\').close()\\ny": 1\n'), r"p.yaml: parameter name .x\\nopen\(.*is not valid; a parameter is a Python identifier"),
     "profile key not a parameter": (lambda: a_profile("z: 1\n"), r"nb.ipynb \[p\] sets 'z', which the notebook's parameters cell does not define; its parameters: x, y"),
     "model unknown keyword": (lambda: M(d_modle=32), r"ModelConfig has no field 'd_modle'; valid keys: arch, vocab_size, d_model"),
     "train unknown keyword": (lambda: T(lrate=0.1), r"TrainConfig has no field 'lrate'; valid keys: model, dataset"),
