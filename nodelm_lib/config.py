@@ -30,6 +30,7 @@ import yaml
 from nodelm_lib.ode.solve import SENSITIVITIES
 from nodelm_lib.ode.random_grid import PLACEMENTS, GridDistribution
 from nodelm_lib.ode.solvers import FIXED_STEP_METHODS, METHODS
+from nodelm_lib.ode.tableaus import TABLEAUS
 
 from .data import CORPORA, TOKENIZERS
 
@@ -169,6 +170,11 @@ class ODEConfig:
     ``[1 - grid_end_jitter, 1 + grid_end_jitter]``, and with ``grid_placement="random"`` its step
     points at sorted uniform times. The draw comes from the run seed and the step, so it is
     reproducible; a fixed-step method only.
+
+    Flow regularisers (``ode.regularisers``, RNODE): training adds ``kinetic_weight`` times the
+    kinetic energy and ``jacobian_weight`` times the (Hutchinson-estimated) squared Frobenius norm
+    of the field's Jacobian, integrated along the solution, to the loss it minimises; the loss it
+    logs stays the cross-entropy. A fixed-step Runge-Kutta method and ``sensitivity="direct"``.
     """
 
     method: str = "euler"
@@ -181,6 +187,8 @@ class ODEConfig:
     grid_max_steps: int = 0
     grid_end_jitter: float = 0.0
     grid_placement: str = "uniform"
+    kinetic_weight: float = 0.0
+    jacobian_weight: float = 0.0
 
     def __post_init__(self) -> None:
         _check_types(self, "ode.")
@@ -200,9 +208,21 @@ class ODEConfig:
         if self.random_grid and self.method not in FIXED_STEP_METHODS:
             raise ValueError(f"random training grids need a fixed-step method ({', '.join(FIXED_STEP_METHODS)}); "
                              f"ode.method={self.method!r} chooses its own steps")
+        _check_positive("ode.kinetic_weight", self.kinetic_weight, allow_zero=True)
+        _check_positive("ode.jacobian_weight", self.jacobian_weight, allow_zero=True)
+        if self.regularised and (self.sensitivity != "direct" or self.method not in TABLEAUS):
+            raise ValueError(f"the flow regularisers (ode.kinetic_weight, ode.jacobian_weight) accumulate along a "
+                             f"fixed-step Runge-Kutta solve backpropagated directly: they need ode.sensitivity="
+                             f"'direct' and ode.method one of {', '.join(map(repr, TABLEAUS))}; got "
+                             f"sensitivity={self.sensitivity!r}, method={self.method!r}")
         if self.max_num_steps > MAX_SIZE or self.n_steps > MAX_SIZE:
             raise ValueError(f"ode.n_steps={self.n_steps!r} / ode.max_num_steps={self.max_num_steps!r}: "
                              f"each must be at most {MAX_SIZE} (2**31 - 1)")
+
+    @property
+    def regularised(self) -> bool:
+        """Whether training adds a flow regulariser to its loss."""
+        return self.kinetic_weight > 0 or self.jacobian_weight > 0
 
     @property
     def random_grid(self) -> bool:
@@ -467,6 +487,9 @@ class TrainConfig:
             raise ValueError(
                 f"seq_len={self.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}"
             )
+        if self.compile and self.model.ode.regularised:
+            raise ValueError("compile=True with the flow regularisers (model.ode.kinetic_weight, jacobian_weight) "
+                             "is not supported: the penalty is gathered as a side effect of the solve; set compile=False")
         if (self.resume or self.checkpoint_interval) and not self.out_dir:
             raise ValueError("resume/checkpoint_interval need out_dir (where checkpoints live)")
 
@@ -484,7 +507,8 @@ NON_SEMANTIC_KEYS = frozenset({"out_dir", "checkpoint_interval", "resume", "log_
 # its dotted path from TrainConfig ("model.position").
 HASHED_ONLY_IF_CHANGED = {"eval_on": "batches", "compile": False, "init_from": None, "model.position": "learned",
                           "score_test": True, "model.ode.grid_min_steps": 0, "model.ode.grid_max_steps": 0,
-                          "model.ode.grid_end_jitter": 0.0, "model.ode.grid_placement": "uniform"}
+                          "model.ode.grid_end_jitter": 0.0, "model.ode.grid_placement": "uniform",
+                          "model.ode.kinetic_weight": 0.0, "model.ode.jacobian_weight": 0.0}
 
 
 def config_hash(cfg: TrainConfig) -> str:

@@ -11,6 +11,7 @@ integrated over t in [0, 1].
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import math
 
@@ -24,6 +25,7 @@ from nodelm_lib.nn.losses import linear_cross_entropy
 from nodelm_lib.nn.time_grid import time_grid
 from nodelm_lib.ode import FIXED_STEP_METHODS, Solver, SolverCounters, gradient_method
 from nodelm_lib.ode.random_grid import step_generator
+from nodelm_lib.ode.regularisers import FlowRegulariser
 from nodelm_lib.ode.tableaus import TABLEAUS
 
 
@@ -144,13 +146,24 @@ class CausalLM(nn.Module):
         for block in blocks:
             block.ode = dataclasses.replace(ode or block.ode, **changes)
 
-    def draw_grids(self, seed: int, step: int) -> None:
-        """Draw every ODE block's grid for training step ``step`` of a run with seed ``seed``
-        (``ODEBlock.draw_grid``; each block from its own stream of ``random_grid.step_generator``):
-        the training loop calls it before each step, so the grids depend on (seed, step) alone."""
+    def draw_step(self, seed: int, step: int) -> None:
+        """Draw what every ODE block solves with at training step ``step`` of a run with seed
+        ``seed``: its random grid (``ODEBlock.draw_grid``) and its flow regularisers' noise, each
+        from a stream of its own (``random_grid.step_generator``). The training loop calls it
+        before each step, so both depend on (seed, step) alone: a resumed run draws the same."""
         blocks = [m for m in self.modules() if isinstance(m, ODEBlock)]
         for stream, block in enumerate(blocks):
             block.draw_grid(step_generator(seed, step, stream))
+            block.noise = step_generator(seed, step, len(blocks) + stream)
+
+    def flow_penalty(self) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """The flow regularisers' penalty gathered by the last training forward pass (summed over
+        the ODE blocks; None where none was gathered) and its unweighted integrals, to log."""
+        blocks = [m for m in self.modules() if isinstance(m, ODEBlock) and m.penalty is not None]
+        if not blocks:
+            return None, {}
+        integrals = {f"flow/{k}": sum(b.flow_integrals[k] for b in blocks) for k in blocks[0].flow_integrals}
+        return sum(b.penalty for b in blocks), integrals
 
     def ode_stats(self) -> dict[str, int]:
         """Solver counters of the last forward (and backward) pass, summed over the ODE blocks.
@@ -210,6 +223,33 @@ class CausalLM(nn.Module):
 DEPTH_INTERVAL = (0.0, 1.0)  # every ODE block integrates over depth t in [0, 1]
 
 
+_TWICE = contextvars.ContextVar("nodelm_twice_differentiable", default=False)
+
+
+def twice_differentiable() -> bool:
+    """Whether the layers are asked for kernels that backpropagate twice (``differentiable_twice``)."""
+    return _TWICE.get()
+
+
+@contextlib.contextmanager
+def differentiable_twice(needed: bool = True):
+    """Within it, layers run kernels whose backward can itself be differentiated: PyTorch's math
+    attention kernel (the fused CPU and flash ones implement no double backward) and the SSM
+    layer's sequential scan (the fused scan's backward is hand-written). The Jacobian regulariser
+    needs it: it backpropagates through a vector-Jacobian product. Slower; off unless ``needed``."""
+    if not needed:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    token = _TWICE.set(True)
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        _TWICE.reset(token)
+
+
 class ODEBlock(nn.Module):
     """Integrates ``field(t, x, *args)`` from t = 0 to t = 1 and returns x(1).
 
@@ -240,6 +280,10 @@ class ODEBlock(nn.Module):
         self.counters = SolverCounters()
         # the grid of the next training solve (``draw_grid``): times t_0 = 0 < ... < t_n on the CPU
         self.drawn_grid: torch.Tensor | None = None
+        # the flow regularisers' noise for the next training solve, and what the last one gathered
+        self.noise: torch.Generator | None = None
+        self.penalty: torch.Tensor | None = None
+        self.flow_integrals: dict[str, float] = {}
 
     @staticmethod
     def times(dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
@@ -289,8 +333,13 @@ class ODEBlock(nn.Module):
         n_steps = solver.steps_per_interval * (grid.numel() - 1)
         if self.integration == "residual" and n_steps != ode.n_steps:  # a drawn grid: f once per step of it
             field = lambda t, h: self.vector_field(t, h, *args) * (n_steps / ode.n_steps)  # noqa: E731
+        regularised = self.training and torch.is_grad_enabled() and ode.regularised
+        if regularised:  # gathers the penalty at every step point of this solve
+            field = FlowRegulariser(ode.kinetic_weight, ode.jacobian_weight).wrap(
+                field, grid, ode.method, solver.steps_per_interval, self.noise)
         times = self.field_times(x) if grad.name == "direct" or not torch.is_grad_enabled() else None
-        with time_grid(times) if times is not None else contextlib.nullcontext():
+        with time_grid(times) if times is not None else contextlib.nullcontext(), \
+                differentiable_twice(regularised and ode.jacobian_weight > 0):
             states = grad.solve(
                 solver,
                 field,
@@ -299,6 +348,9 @@ class ODEBlock(nn.Module):
                 params=(*self.field.parameters(), *(a for a in args if torch.is_tensor(a) and a.requires_grad)),
                 counters=self.counters,
             )
+        self.penalty = field.penalty() if regularised else None
+        weights = {"kinetic": ode.kinetic_weight, "jacobian": ode.jacobian_weight}
+        self.flow_integrals = {k: v for k, v in field.integrals().items() if weights[k] > 0} if regularised else {}
         return states[-1]
 
     def field_times(self, x: torch.Tensor) -> torch.Tensor | None:

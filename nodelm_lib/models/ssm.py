@@ -19,7 +19,7 @@ from nodelm_lib.nn.layers import CausalSelfAttention
 from nodelm_lib.nn.time_grid import GridPoint
 from nodelm_lib.nn.time_layers import ModulatedLinear, StaticLinear
 
-from .common import CausalLM
+from .common import CausalLM, twice_differentiable
 from .scan_triton import triton_selective_scan
 from .scans import (check_chunk_size, linear_recurrence, scan_in_float32, scan_with, selective_scan,
                     selective_scan_reference)
@@ -135,9 +135,12 @@ class SelectiveSSM(nn.Module):
         """The scan this layer runs: the fused ``selective_scan``, or with ``chunk_size`` the
         chunked linear recurrence, or with ``kernel = "triton"`` the two Triton kernels of
         ``scan_triton`` (a candidate on CUDA, not chosen by default until measured there); in
-        float32 at least (``scan_in_float32``)."""
+        float32 at least (``scan_in_float32``). Asked for kernels that differentiate twice
+        (``common.differentiable_twice``: the Jacobian regulariser), the sequential scan."""
         if self.kernel not in (None, "triton"):
             raise ValueError(f"kernel={self.kernel!r} is not valid; choose None (the library's scan) or 'triton'")
+        if twice_differentiable():
+            return functools.partial(scan_in_float32, selective_scan_reference)
         if self.kernel == "triton":
             return functools.partial(scan_in_float32, triton_selective_scan)
         if self.chunk_size is None:

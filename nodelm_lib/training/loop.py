@@ -241,16 +241,18 @@ def train_step(model, step_model, optimizer, tc, step, train_tokens, batch_gen, 
     for group in optimizer.param_groups:
         group["lr"] = lr
     x, y = _training_batch(tc, train_tokens, batch_gen, device, ctx)
-    if tc.model.ode.random_grid:  # this step's solver grid, from (seed, step) alone: a resumed run draws the same
-        model.draw_grids(tc.seed, step)
+    ode = tc.model.ode
+    if ode.random_grid or ode.regularised:  # this step's grid and noise, from (seed, step) alone
+        model.draw_step(tc.seed, step)
     with autocast():
         _, loss = step_model(x, y, return_logits=False)
+    penalty, flow = model.flow_penalty()  # the flow regularisers: minimised with the loss, not logged in it
     # the global batch's loss on every rank, so that every rank stops at a non-finite one together
     loss_value = distributed.global_mean(ctx, loss)
     if not math.isfinite(loss_value):
         raise NonFiniteError(f"non-finite loss ({loss_value}) at step {step + 1}", record)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss if penalty is None else loss + penalty).backward()
     norms, grads, per_tensor = _grad_norms(model, groups)
     if not math.isfinite(norms["grad_norm"]):
         bad = [g for g, v in norms.items() if not math.isfinite(v)]
@@ -259,7 +261,7 @@ def train_step(model, step_model, optimizer, tc, step, train_tokens, batch_gen, 
         clip_gradients(grads, per_tensor, tc.grad_clip)
     optimizer.step()
     solver_counts = {f"ode/{key}": value for key, value in model.ode_stats().items()}
-    return {"step": step + 1, "loss": loss_value, "lr": lr, **norms, **solver_counts}
+    return {"step": step + 1, "loss": loss_value, "lr": lr, **norms, **solver_counts, **flow}
 
 
 def _finish(record: RunRecord, tc: TrainConfig, device, t_start: float, train_time: float, time_before: float,
