@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .counters import SolverCounters
-from .runge_kutta import rk_stages
+from .runge_kutta import rk_stages, weighted_sum
 from .tableaus import DOPRI5, DOPRI5_DENSE_D, ButcherTableau
 
 Field = Callable[[Tensor, Tensor], Tensor]
@@ -196,12 +196,6 @@ def _attempt(f, tableau: ButcherTableau, t0: float, t1: float, x0: Tensor, f0: T
     return Step(t0, t1, x0, s.x1, s.k, s.error)
 
 
-def _weighted_sum(weights, k: list[Tensor]) -> Tensor:
-    """sum_i w_i k_i, skipping zero weights (e.g. dopri5's d_2)."""
-    terms = [w * k_i for w, k_i in zip(weights, k) if w != 0.0]
-    return sum(terms[1:], terms[0])
-
-
 @torch.no_grad()
 def _error_ratio(step: Step, rtol: float, atol: float) -> float:
     """RMS of err / (atol + rtol max(|x0|, |x1|)), err = h sum_i (b_i - b_low_i) k_i."""
@@ -253,7 +247,7 @@ def _interpolant_terms(step: Step, f1: Tensor, tableau: ButcherTableau) -> tuple
     dx = step.x1 - step.x0
     B = h * step.k[0] - dx
     C = dx - h * f1 - B
-    D = h * _weighted_sum(DOPRI5_DENSE_D, step.k) if tableau == DOPRI5 else None
+    D = h * weighted_sum(DOPRI5_DENSE_D, step.k, fused=False) if tableau == DOPRI5 else None
     return dx, B, C, D
 
 
