@@ -1,9 +1,14 @@
 """The ODE package's declared pieces: the one weighted sum of stages, dense output read from the
 tableau, the solver-scheme interface and the abstract gradient method."""
 
+import dataclasses
+
+import pytest
 import torch
 
+from nodelm_lib.ode.adaptive import solve_adaptive
 from nodelm_lib.ode.runge_kutta import weighted_sum
+from nodelm_lib.ode.tableaus import DOPRI5, TABLEAUS
 
 
 def test_weighted_sum_keeps_each_rounding_order():
@@ -16,3 +21,31 @@ def test_weighted_sum_keeps_each_rounding_order():
     unfused = k[0] * w[0] + k[2] * w[2] + k[3] * w[3]
     assert torch.equal(weighted_sum(w, k), fused)
     assert torch.equal(weighted_sum(w, k, fused=False), unfused)
+
+
+# ---------------------------------------------------------------- dense output, from the tableau
+
+def _dense_solve(tableau):
+    """dopri5's steps with ``tableau``'s dense output, at times inside the steps."""
+    A = torch.tensor([[-0.5, 1.0], [-1.0, -0.5]], dtype=torch.float64)
+    x0 = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    t = torch.linspace(0, 3, 13, dtype=torch.float64)
+    return solve_adaptive(lambda s, x: A @ x, x0, t, tableau, rtol=1e-4, atol=1e-6, max_num_steps=100)
+
+
+def test_dense_output_is_read_from_the_tableau():
+    """dopri5 carries its continuous extension; the same pair without it (any name) falls back to
+    the cubic Hermite interpolant, and a pair given dopri5's under another name uses it."""
+    assert DOPRI5.dense_d is not None and all(tab.dense_d is None for tab in TABLEAUS.values())
+    hermite = dataclasses.replace(DOPRI5, dense_d=None)
+    renamed = dataclasses.replace(DOPRI5, name="my_dopri5")
+    with_dense, without = _dense_solve(DOPRI5), _dense_solve(hermite)
+    assert torch.equal(_dense_solve(renamed), with_dense)
+    assert not torch.equal(without, with_dense)
+    # the step points themselves (t = 0 and 3) are exact either way
+    assert torch.equal(without[[0, -1]], with_dense[[0, -1]])
+
+
+def test_a_tableau_checks_its_dense_weights():
+    with pytest.raises(AssertionError, match="dense_d must have one weight per stage"):
+        dataclasses.replace(DOPRI5, dense_d=(1.0, 0.0))
