@@ -7,7 +7,11 @@ import pytest
 import torch
 
 from nodelm_lib.ode.adaptive import solve_adaptive
+from nodelm_lib.ode.gradients import REVERSIBLE_METHODS
+from nodelm_lib.ode.reversible import ReversibleHeun
 from nodelm_lib.ode.runge_kutta import weighted_sum
+from nodelm_lib.ode.scheme import ReversibleScheme, Scheme
+from nodelm_lib.ode.solvers import FIXED_STEP_METHODS, SCHEMES, RungeKutta, Solver
 from nodelm_lib.ode.tableaus import DOPRI5, TABLEAUS
 
 
@@ -49,3 +53,63 @@ def test_dense_output_is_read_from_the_tableau():
 def test_a_tableau_checks_its_dense_weights():
     with pytest.raises(AssertionError, match="dense_d must have one weight per stage"):
         dataclasses.replace(DOPRI5, dense_d=(1.0, 0.0))
+
+
+# ---------------------------------------------------------------- the solver scheme
+
+@pytest.mark.parametrize("method", FIXED_STEP_METHODS)
+def test_every_fixed_step_scheme_declares_the_interface(method):
+    scheme = Solver(method).scheme
+    assert isinstance(scheme, Scheme) and scheme.name == method
+    assert isinstance(scheme, ReversibleScheme) == (method in REVERSIBLE_METHODS)
+
+
+def test_reversible_heun_is_the_reversible_scheme():
+    assert REVERSIBLE_METHODS == ("reversible_heun",) and isinstance(ReversibleHeun(), ReversibleScheme)
+    assert not isinstance(RungeKutta(TABLEAUS["rk4"]), ReversibleScheme)
+
+
+def test_a_scheme_missing_a_method_cannot_be_made():
+    class NoValue(Scheme):
+        name = "no_value"
+
+        def nfe(self, n_steps):
+            return n_steps
+
+        def init(self, field, t0, x0):
+            return x0
+
+        def step(self, field, t0, dt, state, f0=None):
+            return state + dt * field(t0, state)
+
+    with pytest.raises(TypeError, match="value"):
+        NoValue()
+    with pytest.raises(TypeError, match="unstep"):
+        type("NoUnstep", (ReversibleScheme, NoValue), {"value": lambda self, state: state})()
+
+
+def test_a_declared_scheme_marches():
+    """A scheme written against the interface alone runs in Solver.march (explicit Euler here)."""
+
+    class Euler(Scheme):
+        name = "my_euler"
+
+        def nfe(self, n_steps):
+            return n_steps
+
+        def init(self, field, t0, x0):
+            return x0
+
+        def step(self, field, t0, dt, state, f0=None):
+            return state + dt * (field(t0, state) if f0 is None else f0)
+
+        def value(self, state):
+            return state
+
+    field = lambda s, x: -x  # noqa: E731
+    x0, t = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.linspace(0, 1, 5, dtype=torch.float64)
+    solver = Solver("euler")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(SCHEMES, "euler", Euler())
+        xs = torch.stack(solver.march(field, x0, t)[0])
+    torch.testing.assert_close(xs, solver.integrate(field, x0, t), rtol=0, atol=1e-15)

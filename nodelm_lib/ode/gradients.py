@@ -28,6 +28,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .counters import SolverCounters
+from .scheme import ReversibleScheme
 from .solvers import FIXED_STEP_METHODS, SCHEMES, Solver
 
 
@@ -147,7 +148,7 @@ def _recomputed(step):
     return lambda *args: checkpoint(step, *args, use_reentrant=False)
 
 
-REVERSIBLE_METHODS = tuple(name for name, scheme in SCHEMES.items() if hasattr(scheme, "unstep"))
+REVERSIBLE_METHODS = tuple(name for name, scheme in SCHEMES.items() if isinstance(scheme, ReversibleScheme))
 
 
 @dataclass(frozen=True)
