@@ -2,15 +2,18 @@
 tableau, the solver-scheme interface and the abstract gradient method."""
 
 import dataclasses
+from typing import ClassVar
 
 import pytest
 import torch
 
 from nodelm_lib.ode.adaptive import solve_adaptive
-from nodelm_lib.ode.gradients import REVERSIBLE_METHODS
+from nodelm_lib.ode.adjoint import ContinuousAdjoint
+from nodelm_lib.ode.gradients import REVERSIBLE_METHODS, GradientMethod
 from nodelm_lib.ode.reversible import ReversibleHeun
 from nodelm_lib.ode.runge_kutta import weighted_sum
 from nodelm_lib.ode.scheme import ReversibleScheme, Scheme
+from nodelm_lib.ode.solve import SENSITIVITIES, gradient_method, odeint
 from nodelm_lib.ode.solvers import FIXED_STEP_METHODS, SCHEMES, RungeKutta, Solver
 from nodelm_lib.ode.tableaus import DOPRI5, TABLEAUS
 
@@ -113,3 +116,45 @@ def test_a_declared_scheme_marches():
         patch.setitem(SCHEMES, "euler", Euler())
         xs = torch.stack(solver.march(field, x0, t)[0])
     torch.testing.assert_close(xs, solver.integrate(field, x0, t), rtol=0, atol=1e-15)
+
+
+# ---------------------------------------------------------------- the gradient method
+
+def test_gradient_method_is_abstract():
+    with pytest.raises(TypeError, match="solve"):
+        GradientMethod()
+    with pytest.raises(TypeError, match="forward"):
+        ContinuousAdjoint()
+
+
+def test_a_gradient_method_without_solve_cannot_be_made():
+    @dataclasses.dataclass(frozen=True)
+    class Unfinished(GradientMethod):
+        name: ClassVar[str] = "unfinished"
+
+        def check(self, solver):
+            pass
+
+    with pytest.raises(TypeError, match="solve"):
+        Unfinished()
+
+
+@pytest.mark.parametrize("name", SENSITIVITIES)
+def test_every_gradient_method_subclasses_the_declared_one(name):
+    method = gradient_method(name)
+    assert isinstance(method, GradientMethod) and method.name == name
+
+
+def test_a_gradient_method_with_solve_works_in_odeint():
+    @dataclasses.dataclass(frozen=True)
+    class Detached(GradientMethod):
+        name: ClassVar[str] = "detached"
+
+        def solve(self, solver, field, x0, t, params=None, counters=None):
+            with torch.no_grad():
+                return solver.integrate(field, x0, t, counters)
+
+    x0, t = torch.ones(3, requires_grad=True), torch.linspace(0, 1, 3)
+    y = odeint(lambda s, x: -x, x0, t, sensitivity=Detached())
+    assert not y.requires_grad
+    assert torch.equal(y, odeint(lambda s, x: -x, x0, t).detach())
