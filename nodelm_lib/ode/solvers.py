@@ -4,8 +4,8 @@ Fixed-step methods (euler, midpoint, heun, rk4, rk38 from Butcher tableaus, and
 reversible_heun) take ``steps_per_interval`` equal steps per interval of the output times
 ``t`` (``grid.step_times``). Each is a *scheme* (``scheme.Scheme``), as in torchdiffeq a tableau
 plus a small step function: ``init`` the state from x0, ``step`` it over (t_m, dt_m), read x back
-with ``value``. The loop (``Solver.march``) is plain Python over tensors: no grid construction, no host
-synchronisation (``.item()``), so it compiles to one graph under ``torch.compile``.
+with ``value``. The loop (``Solver.march``) is plain Python over tensors: no grid construction,
+no host synchronisation (``.item()``), so it compiles to one graph under ``torch.compile``.
 
 Adaptive methods (dopri5, bosh3, adaptive_heun, fehlberg2) choose their own steps to meet
 ``rtol``/``atol`` and give the output times by dense output (``adaptive.py``).
@@ -62,7 +62,8 @@ class RungeKutta(Scheme):
         return x
 
 
-SCHEMES: dict[str, Scheme] = {**{name: RungeKutta(tab) for name, tab in TABLEAUS.items()}, ReversibleHeun.name: ReversibleHeun()}
+SCHEMES: dict[str, Scheme] = {**{name: RungeKutta(tab) for name, tab in TABLEAUS.items()},
+                               ReversibleHeun.name: ReversibleHeun()}
 FIXED_STEP_METHODS = tuple(SCHEMES)
 ADAPTIVE_METHODS = tuple(ADAPTIVE_TABLEAUS)
 METHODS = FIXED_STEP_METHODS + ADAPTIVE_METHODS
