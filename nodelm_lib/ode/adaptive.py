@@ -16,8 +16,8 @@ margin so that the next step is likely accepted.
 
 Steps are placed where the error control wants them, not at the requested output times;
 values at those times come from an interpolant over the accepted step that contains them
-(dopri5's own 4th-order continuous extension, a cubic Hermite interpolant otherwise). Only
-the last step is shortened, to end exactly on t[-1].
+(the tableau's own continuous extension where it has one, ``dense_d``: dopri5's 4th-order one;
+a cubic Hermite interpolant otherwise). Only the last step is shortened, to end exactly on t[-1].
 
 The step-size decisions are host-side Python floats computed without gradient tracking, so
 backpropagation goes through the operations of the accepted steps only (the "direct"
@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 
 from .counters import SolverCounters
-from .runge_kutta import rk_stages
-from .tableaus import DOPRI5, DOPRI5_DENSE_D, ButcherTableau
+from .runge_kutta import rk_stages, weighted_sum
+from .tableaus import ButcherTableau
 
 Field = Callable[[Tensor, Tensor], Tensor]
 
@@ -196,12 +196,6 @@ def _attempt(f, tableau: ButcherTableau, t0: float, t1: float, x0: Tensor, f0: T
     return Step(t0, t1, x0, s.x1, s.k, s.error)
 
 
-def _weighted_sum(weights, k: list[Tensor]) -> Tensor:
-    """sum_i w_i k_i, skipping zero weights (e.g. dopri5's d_2)."""
-    terms = [w * k_i for w, k_i in zip(weights, k) if w != 0.0]
-    return sum(terms[1:], terms[0])
-
-
 @torch.no_grad()
 def _error_ratio(step: Step, rtol: float, atol: float) -> float:
     """RMS of err / (atol + rtol max(|x0|, |x1|)), err = h sum_i (b_i - b_low_i) k_i."""
@@ -246,14 +240,14 @@ def _interpolant_terms(step: Step, f1: Tensor, tableau: ButcherTableau) -> tuple
         dx = x1 - x0,  B = h f0 - dx,  C = dx - h f1 - B.
 
     Without D this is the cubic Hermite interpolant: it matches x and f at both ends
-    (the theta-derivative is h f0 at 0 and h f1 at 1). dopri5's 4th-order continuous
-    extension adds D = h sum_i d_i k_i, which keeps those four conditions.
+    (the theta-derivative is h f0 at 0 and h f1 at 1). A tableau with a continuous extension
+    (``dense_d``: dopri5's of 4th order) adds D = h sum_i d_i k_i, which keeps those four conditions.
     """
     h = step.t1 - step.t0
     dx = step.x1 - step.x0
     B = h * step.k[0] - dx
     C = dx - h * f1 - B
-    D = h * _weighted_sum(DOPRI5_DENSE_D, step.k) if tableau == DOPRI5 else None
+    D = None if tableau.dense_d is None else h * weighted_sum(tableau.dense_d, step.k, fused=False)
     return dx, B, C, D
 
 

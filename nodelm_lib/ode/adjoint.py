@@ -31,6 +31,7 @@ deterministic (no dropout in training).
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -141,13 +142,13 @@ class ContinuousAdjoint(GradientMethod):
         params = differentiable(field, params)
         return _AdjointSolve.apply(self, Adjoint(field, solver, params, counters, check), t, x0, *params)
 
+    @abstractmethod
     def forward(self, adj: Adjoint, x0: torch.Tensor, t: torch.Tensor):
         """(x at every time in ``t``, what backward needs), without a graph."""
-        raise NotImplementedError
 
+    @abstractmethod
     def backward(self, adj: Adjoint, kept, t: torch.Tensor, grad_ys: torch.Tensor):
         """(dL/dx0, [dL/dθ for θ in adj.params]) from the loss's gradients ``grad_ys`` at ``t``."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ deterministic (``reevaluates_field``).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -28,12 +29,16 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .counters import SolverCounters
+from .scheme import ReversibleScheme
 from .solvers import FIXED_STEP_METHODS, SCHEMES, Solver
 
 
 @dataclass(frozen=True)
-class GradientMethod:
-    """Base class. ``name`` is the string that selects it (``odeint(sensitivity=name)``, configs)."""
+class GradientMethod(ABC):
+    """How gradients flow through a solve, declared: a method is a frozen dataclass that
+    subclasses this one, gives its ``name`` (the string that selects it: ``odeint(sensitivity=name)``,
+    configs) and implements ``solve``; ``check`` refuses the solvers it cannot differentiate.
+    Without ``solve`` it cannot be instantiated (``TypeError``)."""
 
     name: ClassVar[str]
     reevaluates_field: ClassVar[bool] = False  # backward calls the field again, outside the forward's graph
@@ -41,6 +46,7 @@ class GradientMethod:
     def check(self, solver: Solver) -> None:
         """Raise ``ValueError`` if this method cannot differentiate ``solver``'s solves."""
 
+    @abstractmethod
     def solve(self, solver: Solver, field, x0: torch.Tensor, t: torch.Tensor, params=None,
               counters: SolverCounters | None = None) -> torch.Tensor:
         """x at every time in ``t`` (shape ``(len(t), *x0.shape)``), differentiable this method's way.
@@ -48,7 +54,6 @@ class GradientMethod:
         ``params``: the tensors besides x0 that a method with a backward of its own differentiates
         (default ``find_params(field)``); backpropagating methods reach whatever the graph does.
         """
-        raise NotImplementedError
 
 
 def differentiable(field, params) -> tuple[torch.Tensor, ...]:
@@ -147,7 +152,7 @@ def _recomputed(step):
     return lambda *args: checkpoint(step, *args, use_reentrant=False)
 
 
-REVERSIBLE_METHODS = tuple(name for name, scheme in SCHEMES.items() if hasattr(scheme, "unstep"))
+REVERSIBLE_METHODS = tuple(name for name, scheme in SCHEMES.items() if isinstance(scheme, ReversibleScheme))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from .scheme import ReversibleScheme
+
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (y, z, f(t, z))
 
 
@@ -38,7 +40,7 @@ def reversible_heun_unstep(field, t0: torch.Tensor, t1: torch.Tensor, y1, z1, f1
     return y1 - 0.5 * h * (f + f1), z, f
 
 
-class ReversibleHeun:
+class ReversibleHeun(ReversibleScheme):
     """Reversible Heun as a fixed-step scheme (``solvers.Solver``): the state is (y, z, f(t, z)).
 
     ``unstep`` makes it reversible: ``unstep(field, t0, dt, step(field, t0, dt, s)) == s`` up to

@@ -50,7 +50,7 @@ def rk_stages(field: Field, tableau: ButcherTableau, t0: Tensor, dt: Tensor, x: 
             k.append(k1)
             continue
         if i == last and tableau.fsal:
-            x1 = x_i = torch.addcmul(x, _weighted_sum(tableau.b, k), dt)
+            x1 = x_i = torch.addcmul(x, weighted_sum(tableau.b, k), dt)
         else:
             x_i = x
             for a_ij, k_j in zip(a_i, k):
@@ -62,7 +62,7 @@ def rk_stages(field: Field, tableau: ButcherTableau, t0: Tensor, dt: Tensor, x: 
             t_i = t0 if c_i == 0.0 else t0 + c_i * dt
         k.append(field(t_i, x_i))
     if x1 is None:
-        x1 = torch.addcmul(x, _weighted_sum(tableau.b, k), dt)
+        x1 = torch.addcmul(x, weighted_sum(tableau.b, k), dt)
     return RKStep(x1, k, _embedded_error(tableau, dt, k) if error else None)
 
 
@@ -72,15 +72,25 @@ def rk_step(field: Field, tableau: ButcherTableau, t0: Tensor, dt: Tensor, x: Te
     return rk_stages(field, tableau, t0, dt, x, k1).x1
 
 
-def _weighted_sum(weights, k: list[Tensor]) -> Tensor:
-    """sum_i w_i k_i, skipping zero weights (e.g. dopri5's b_2).
+def weighted_sum(weights, k: list[Tensor], fused: bool = True) -> Tensor:
+    """sum_i w_i k_i, skipping zero weights (e.g. dopri5's b_2): the one weighted sum of stages.
 
-    One buffer accumulates the weighted stages in place (autograd saves none of it).
+    One buffer accumulates the weighted stages in place (autograd saves none of it). ``fused``
+    adds each term as one ``add_(k_i, alpha=w_i)`` kernel, which may round w_i k_i + total once
+    (a fused multiply-add); ``fused=False`` rounds w_i k_i first and then the sum. The two differ
+    in the last bits: steps and error estimates sum fused, dense output (``adaptive.py``) unfused,
+    each as it always has, so that solutions stay bit for bit what they were.
     """
     total = None
     for w_i, k_i in zip(weights, k):
-        if w_i != 0.0:
-            total = k_i * w_i if total is None else total.add_(k_i, alpha=w_i)
+        if w_i == 0.0:
+            continue
+        if total is None:
+            total = k_i * w_i
+        elif fused:
+            total.add_(k_i, alpha=w_i)
+        else:
+            total.add_(k_i * w_i)
     return total
 
 
@@ -89,4 +99,4 @@ def _embedded_error(tableau: ButcherTableau, dt: Tensor, k: list[Tensor]) -> Ten
     """err = dt sum_i (b_i - b_low_i) k_i. It steers step sizes only, so it takes no gradient."""
     if tableau.b_low is None:
         raise ValueError(f"{tableau.name} has no embedded solution (b_low) to estimate the error with")
-    return _weighted_sum([b - b_low for b, b_low in zip(tableau.b, tableau.b_low)], k) * dt
+    return weighted_sum([b - b_low for b, b_low in zip(tableau.b, tableau.b_low)], k) * dt

@@ -2,10 +2,10 @@
 
 Fixed-step methods (euler, midpoint, heun, rk4, rk38 from Butcher tableaus, and
 reversible_heun) take ``steps_per_interval`` equal steps per interval of the output times
-``t`` (``grid.step_times``). Each is a *scheme*, as in torchdiffeq a tableau plus a small step
-function: ``init`` the state from x0, ``step`` it over (t_m, dt_m), read x back with ``value``.
-The loop (``Solver.march``) is plain Python over tensors: no grid construction, no host
-synchronisation (``.item()``), so it compiles to one graph under ``torch.compile``.
+``t`` (``grid.step_times``). Each is a *scheme* (``scheme.Scheme``), as in torchdiffeq a tableau
+plus a small step function: ``init`` the state from x0, ``step`` it over (t_m, dt_m), read x back
+with ``value``. The loop (``Solver.march``) is plain Python over tensors: no grid construction,
+no host synchronisation (``.item()``), so it compiles to one graph under ``torch.compile``.
 
 Adaptive methods (dopri5, bosh3, adaptive_heun, fehlberg2) choose their own steps to meet
 ``rtol``/``atol`` and give the output times by dense output (``adaptive.py``).
@@ -31,13 +31,14 @@ from .counters import SolverCounters
 from .grid import step_times
 from .reversible import ReversibleHeun
 from .runge_kutta import rk_step
+from .scheme import Scheme
 from .tableaus import ADAPTIVE_TABLEAUS, TABLEAUS, ButcherTableau
 
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Point = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (t_j, x_j, field(t_j, x_j))
 
 
-class RungeKutta:
+class RungeKutta(Scheme):
     """An explicit Runge-Kutta tableau as a fixed-step scheme; the state is x itself."""
 
     def __init__(self, tableau: ButcherTableau):
@@ -61,7 +62,8 @@ class RungeKutta:
         return x
 
 
-SCHEMES = {**{name: RungeKutta(tab) for name, tab in TABLEAUS.items()}, ReversibleHeun.name: ReversibleHeun()}
+SCHEMES: dict[str, Scheme] = {**{name: RungeKutta(tab) for name, tab in TABLEAUS.items()},
+                               ReversibleHeun.name: ReversibleHeun()}
 FIXED_STEP_METHODS = tuple(SCHEMES)
 ADAPTIVE_METHODS = tuple(ADAPTIVE_TABLEAUS)
 METHODS = FIXED_STEP_METHODS + ADAPTIVE_METHODS
@@ -96,7 +98,7 @@ class Solver:
         return self.method in FIXED_STEP_METHODS
 
     @property
-    def scheme(self):
+    def scheme(self) -> Scheme:
         """The fixed-step scheme (``init``, ``step``, ``value``, ``nfe``; ``unstep`` if reversible)."""
         self._require_fixed_step()
         return SCHEMES[self.method]

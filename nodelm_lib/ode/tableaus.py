@@ -11,7 +11,9 @@ giving a second solution for free. Their difference
 
     err = h * sum_i (b_i - b_low_i) k_i
 
-estimates the local error of the step; ``adaptive.solve_adaptive`` sizes steps with it.
+estimates the local error of the step; ``adaptive.solve_adaptive`` sizes steps with it. A pair
+may also carry the weights ``dense_d`` of a continuous extension, which dense output between its
+steps then uses (dopri5); without them dense output is a cubic Hermite interpolant.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class ButcherTableau:
     a: tuple[tuple[float, ...], ...]  # row i holds a_i0 .. a_i(i-1)
     b: tuple[float, ...]
     b_low: tuple[float, ...] | None = None  # embedded lower-order weights (adaptive methods only)
+    # weights d_i of the stages in the dense-output term that a cubic Hermite interpolant lacks
+    # (``adaptive._interpolant_terms``); a method without them interpolates by cubic Hermite
+    dense_d: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         s = len(self.b)
@@ -36,6 +41,8 @@ class ButcherTableau:
         if self.b_low is not None:
             assert len(self.b_low) == s, f"{self.name}: b_low must have one weight per stage"
             assert abs(sum(self.b_low) - 1.0) < 1e-12, f"{self.name}: weights b_low must sum to 1"
+        if self.dense_d is not None:
+            assert len(self.dense_d) == s, f"{self.name}: dense_d must have one weight per stage"
 
     @property
     def n_stages(self) -> int:
@@ -90,14 +97,10 @@ DOPRI5 = ButcherTableau(
     ),
     b=(35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0.0),
     b_low=(5179 / 57600, 0.0, 7571 / 16695, 393 / 640, -92097 / 339200, 187 / 2100, 1 / 40),
-)
-
-# Dormand-Prince's 4th-order continuous extension (Hairer, Norsett & Wanner, Solving ODEs I,
-# II.6; the ``contd5`` of their DOPRI5 code): weights d_i of the stages in the one term of the
-# dense output polynomial that a cubic Hermite interpolant lacks (see adaptive.py).
-DOPRI5_DENSE_D = (
-    -12715105075 / 11282082432, 0.0, 87487479700 / 32700410799, -10690763975 / 1880347072,
-    701980252875 / 199316789632, -1453857185 / 822651844, 69997945 / 29380423,
+    # Dormand-Prince's 4th-order continuous extension (Hairer, Norsett & Wanner, Solving ODEs I,
+    # II.6; the ``contd5`` of their DOPRI5 code)
+    dense_d=(-12715105075 / 11282082432, 0.0, 87487479700 / 32700410799, -10690763975 / 1880347072,
+             701980252875 / 199316789632, -1453857185 / 822651844, 69997945 / 29380423),
 )
 
 BOSH3 = ButcherTableau(
