@@ -37,23 +37,47 @@ def counting(model) -> list[int]:
 def test_the_nfe_reported_is_the_number_of_field_evaluations(arch):
     model, data = tiny(arch), batches()
     calls = counting(model)
-    settings = [SolveSetting("euler", n_steps=3), SolveSetting("rk4", n_steps=2), SolveSetting("dopri5", rtol=1e-3)]
-    table = anytime.evaluate_settings(model, data, settings)
-    assert calls[0] == table["nfe"].sum() * len(data)
-    assert table["nfe"].tolist()[:2] == [3, 8]
-    assert table["nfe"].iloc[2] >= 6  # dopri5: at least one accepted step of 6 new stages
-    assert (table["ms_per_token"] > 0).all() and (table["tokens"] == 2 * 3 * 8).all()
+    fixed = anytime.evaluate_settings(model, data, [SolveSetting("euler", n_steps=3), SolveSetting("rk4", n_steps=2)])
+    assert fixed["nfe"].tolist() == [3, 8] and calls[0] == (3 + 8) * len(data)  # one solve per batch
+    calls[0] = 0
+    adaptive = anytime.evaluate_settings(model, data, [SolveSetting("dopri5", rtol=1e-3)])
+    assert calls[0] == pytest.approx(adaptive["nfe"].iloc[0] * 2 * 3 * 8)  # a solve per token: each prefix alone
+    assert adaptive["nfe"].iloc[0] >= 6  # dopri5: at least one accepted step of 6 new stages
+    assert (fixed["ms_per_token"] > 0).all() and (fixed["tokens"] == 2 * 3 * 8).all()
 
 
-def test_per_sequence_nfe_matches_the_field_count_and_a_solve_of_that_sequence():
-    model, data = tiny("node"), batches(n=1)
+def test_the_loss_on_a_fixed_grid_is_the_model_s_own():
+    model, data = tiny("node"), batches()
+    table = anytime.evaluate_settings(model, data, [SolveSetting("euler", n_steps=2)])
+    with torch.no_grad():
+        own = sum(float(model(x, y)[1]) for x, y in data) / len(data)
+    assert table["loss"].iloc[0] == pytest.approx(own, rel=1e-6)
+
+
+def test_per_sequence_nfe_matches_the_field_count_and_the_evaluation():
+    model, data = tiny("node"), batches(n=1, t=5)
     setting = SolveSetting("dopri5", rtol=1e-4)
     calls = counting(model)
     per_row = anytime.per_sequence_nfe(model, data, setting)
-    assert len(per_row) == 3 and calls[0] == per_row["nfe"].sum()
-    x, y = data[0]
-    alone = anytime.evaluate_settings(model, [(x[1:2], y[1:2])], [setting])
-    assert alone["nfe"].iloc[0] == per_row["nfe"].iloc[1] and alone["loss"].iloc[0] == pytest.approx(per_row["loss"].iloc[1])
+    assert len(per_row) == 3 and calls[0] == pytest.approx(per_row["nfe"].sum() * 5)
+    whole = anytime.evaluate_settings(model, data, [setting])
+    assert whole["nfe"].iloc[0] == pytest.approx(per_row["nfe"].mean())
+    assert whole["loss"].iloc[0] == pytest.approx(per_row["loss"].mean())
+    assert (per_row["max_nfe"] >= per_row["nfe"]).all()
+
+
+def test_a_batch_wide_adaptive_solve_is_not_causal_which_is_why_each_prefix_is_solved_alone():
+    model = tiny("ti_mlp")
+    x = torch.randint(0, 32, (1, 10), generator=torch.Generator().manual_seed(2))
+    changed = x.clone()
+    changed[0, 9] = (x[0, 9] + 1) % 32
+    with anytime.solved_with(model, SolveSetting("dopri5", rtol=1e-3)), torch.no_grad():
+        leaked = not torch.equal(model(x)[0][:, :9], model(changed)[0][:, :9])
+        y = torch.zeros_like(x)
+        a = anytime._scored(model, [(x, y)], torch.device("cpu"), by_prefix=True)[0]
+        b = anytime._scored(model, [(changed, y)], torch.device("cpu"), by_prefix=True)[0]
+    assert leaked  # the steps chosen for the whole sequence depend on its last token
+    assert a["loss"].iloc[:9].tolist() == b["loss"].iloc[:9].tolist()
 
 
 def test_a_setting_is_restored_and_the_trained_solve_unchanged():
@@ -65,7 +89,7 @@ def test_a_setting_is_restored_and_the_trained_solve_unchanged():
 
 
 def test_a_model_without_an_ode_block_is_refused():
-    with pytest.raises(ValueError, match="GPT has no ODE block: its depth is not a solver setting"):
+    with pytest.raises(ValueError, match="GPT has no ODE block to reconfigure"):
         anytime.evaluate_settings(tiny("gpt"), batches(), [SolveSetting("euler", n_steps=2)])
 
 
@@ -101,3 +125,41 @@ def test_the_anytime_area_integrates_the_profile_in_log2_nfe():
     with pytest.raises(ValueError, match="no point within the lowest budget 1 .its cheapest costs 2"):
         anytime.anytime_area(CURVE, 1, 16)
     assert math.isfinite(anytime.anytime_area(CURVE.sample(frac=1, random_state=0), 2, 16))
+
+
+def test_decoding_at_each_setting_reports_its_nfe_and_speed():
+    model = tiny("node")
+    prompt = torch.randint(0, 32, (1, 4), generator=torch.Generator().manual_seed(0))
+    table = anytime.decode_speed(model, prompt, [SolveSetting("euler", n_steps=2), SolveSetting("rk4", n_steps=1),
+                                                 SolveSetting("dopri5", rtol=1e-3)], max_new_tokens=4, rounds=1)
+    assert table["nfe"].tolist()[:2] == [2, 4] and table["cached"].tolist() == [True, True, False]
+    assert table["nfe"].iloc[2] >= 6 and (table["tokens_per_s"] > 0).all()
+    assert model.ode_block.ode.n_steps == 2 and model.ode_block.ode.method == "euler"  # restored
+
+
+def test_generate_decodes_at_another_depth_with_the_cache_as_without():
+    model = tiny("ti_mlp")
+    prompt = torch.randint(0, 32, (2, 3), generator=torch.Generator().manual_seed(0))
+    cached = nl.generate(model, prompt, 6, temperature=0.0, ode={"n_steps": 5})
+    assert torch.equal(cached, nl.generate(model, prompt, 6, temperature=0.0, ode={"n_steps": 5}, use_cache=False))
+    with anytime.solved_with(model, SolveSetting("euler", n_steps=5)):
+        assert torch.equal(cached, nl.generate(model, prompt, 6, temperature=0.0))
+    assert model.ode_block.ode.n_steps == 2
+
+
+@pytest.mark.parametrize("arch", ["hybrid", "node", "ti_mlp", "ti_ssm"])
+def test_every_arm_is_causal_at_every_nfe(arch):
+    """On every fixed grid of the budgets, and at an adaptive tolerance as evaluate_settings solves it."""
+    model = tiny(arch)
+    x = torch.randint(0, 32, (1, 10), generator=torch.Generator().manual_seed(2))
+    changed = x.clone()
+    changed[0, 6] = (x[0, 6] + 1) % 32
+    for setting in anytime.fixed_grid_settings([1, 2, 3, 4, 6, 8, 12, 16]):
+        with anytime.solved_with(model, setting), torch.no_grad():
+            a, b = model(x)[0], model(changed)[0]
+        assert torch.equal(a[:, :6], b[:, :6]) and not torch.equal(a[:, 6:], b[:, 6:]), setting.label
+    y = torch.zeros_like(x)
+    with anytime.solved_with(model, SolveSetting("dopri5", rtol=1e-3)):
+        a = anytime._scored(model, [(x, y)], torch.device("cpu"), by_prefix=True)[0]["loss"]
+        b = anytime._scored(model, [(changed, y)], torch.device("cpu"), by_prefix=True)[0]["loss"]
+    assert a.iloc[:6].tolist() == b.iloc[:6].tolist() and a.iloc[6:].tolist() != b.iloc[6:].tolist()

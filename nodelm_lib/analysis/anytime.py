@@ -15,7 +15,6 @@ setting pays for (a fixed-step method of s stages pays s per step).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -24,9 +23,10 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from nodelm_lib.models import CausalLM
-from nodelm_lib.models.common import ODEBlock
+from nodelm_lib.generation.sampling import generate, solved_as
 from nodelm_lib.ode import ADAPTIVE_METHODS
 from nodelm_lib.ode.tableaus import TABLEAUS
 
@@ -75,47 +75,54 @@ def fixed_grid_settings(nfe_budgets: Iterable[int], method: str = "euler") -> li
     return [SolveSetting(method, n_steps=b // stages) for b in nfe_budgets if b >= stages and b % stages == 0]
 
 
-@contextlib.contextmanager
-def solved_with(model: CausalLM, setting: SolveSetting) -> Iterator[CausalLM]:
-    """``model`` with its ODE block solved as ``setting`` says, restored afterwards."""
-    blocks = [m for m in model.modules() if isinstance(m, ODEBlock)]
-    if not blocks:
-        raise ValueError(f"{type(model).__name__} has no ODE block: its depth is not a solver setting")
-    trained = [block.ode for block in blocks]
-    model.set_ode(**setting.ode_changes())
-    try:
-        yield model
-    finally:
-        for block, ode in zip(blocks, trained):
-            block.ode = ode
+def solved_with(model: CausalLM, setting: SolveSetting):
+    """``model`` with its ODE blocks solved as ``setting`` says, restored afterwards (a context)."""
+    return solved_as(model, setting.ode_changes())
 
 
 @torch.no_grad()
-def _scored(model: CausalLM, batches: Sequence, device: torch.device) -> tuple[float, int, int, float]:
-    """(mean loss per token, tokens, NFE summed over the batches' solves, seconds) of ``model`` over
-    ``batches``, in eval mode."""
+def _scored(model: CausalLM, batches: Sequence, device: torch.device, by_prefix: bool) -> pd.DataFrame:
+    """One row per scored token of ``batches`` (``batch``, ``row``, ``position``, ``loss``, ``nfe``
+    of the solve its logits came from) and the forward passes' total seconds, in eval mode.
+
+    ``by_prefix``: every position's logits from a solve of its own sequence's prefix alone, as
+    decoding one sequence without a cache computes them. An adaptive solver needs this: its step
+    sizes come from an error norm over the whole tensor it is given, so over a whole batch later
+    tokens (and other sequences) would steer the steps taken for earlier positions, a leak past
+    the causal mask. A fixed grid steps the same whatever the input: one solve per batch."""
     was_training = model.training
     model.eval()
-    total, tokens, nfe, seconds = 0.0, 0, 0, 0.0
+    rows, seconds = [], 0.0
     try:
-        for x, y in batches:
+        for b, (x, y) in enumerate(batches):
             x, y = x.to(device), y.to(device)
-            start = time.perf_counter()
-            _, loss = model(x, y, return_logits=False)
-            seconds += time.perf_counter() - start
-            total += float(loss) * y.numel()
-            tokens += y.numel()
-            nfe += model.ode_stats()["nfe"]
+            if not by_prefix:
+                start = time.perf_counter()
+                logits, _ = model(x)
+                seconds += time.perf_counter() - start
+                losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view_as(y)
+                nfe = model.ode_stats()["nfe"]
+                rows += [(b, i, s, float(losses[i, s]), nfe) for i in range(y.shape[0]) for s in range(y.shape[1])]
+                continue
+            for i in range(x.shape[0]):
+                for s in range(x.shape[1]):
+                    start = time.perf_counter()
+                    logits, _ = model(x[i:i + 1, :s + 1])
+                    seconds += time.perf_counter() - start
+                    loss = F.cross_entropy(logits[0, -1:].float(), y[i, s:s + 1])
+                    rows.append((b, i, s, float(loss), model.ode_stats()["nfe"]))
     finally:
         model.train(was_training)
-    return total / tokens, tokens, nfe, seconds
+    return pd.DataFrame(rows, columns=["batch", "row", "position", "loss", "nfe"]), seconds
 
 
 def evaluate_settings(model: CausalLM, batches: Sequence, settings: Iterable[SolveSetting],
                       device: str | torch.device = "cpu") -> pd.DataFrame:
     """One row per setting: ``loss`` (mean per token over ``batches``), ``nfe`` (field evaluations
-    per token: the solves' NFE, each solve covering its whole batch, averaged over the batches),
-    ``ms_per_token`` (the forward passes' wall time over the tokens scored) and the setting."""
+    per token, averaged over the tokens), ``ms_per_token`` (the forward passes' wall time over the
+    tokens scored) and the setting. A fixed grid solves each batch once; an adaptive setting each
+    prefix of each sequence alone (``_scored``: a batch-wide adaptive solve is not causal), which
+    costs about T times as many solves."""
     device = torch.device(device)
     batches = list(batches)
     if not batches:
@@ -123,30 +130,53 @@ def evaluate_settings(model: CausalLM, batches: Sequence, settings: Iterable[Sol
     rows = []
     for setting in settings:
         with solved_with(model, setting):
-            loss, tokens, nfe, seconds = _scored(model, batches, device)
+            tokens, seconds = _scored(model, batches, device, by_prefix=setting.adaptive)
         rows.append({"setting": setting.label, "method": setting.method, "n_steps": setting.n_steps,
-                     "rtol": setting.rtol, "adaptive": setting.adaptive, "nfe": nfe / len(batches), "loss": loss,
-                     "ms_per_token": 1e3 * seconds / tokens, "tokens": tokens})
+                     "rtol": setting.rtol, "adaptive": setting.adaptive, "nfe": tokens["nfe"].mean(),
+                     "loss": tokens["loss"].mean(), "ms_per_token": 1e3 * seconds / len(tokens), "tokens": len(tokens)})
     return pd.DataFrame(rows)
 
 
 def per_sequence_nfe(model: CausalLM, batches: Sequence, setting: SolveSetting,
                      device: str | torch.device = "cpu") -> pd.DataFrame:
-    """An adaptive ``setting``'s cost for each sequence solved alone: one row per sequence of
-    ``batches`` with its ``nfe``, ``loss`` and ``rejected`` steps. An adaptive solver chooses its
-    steps for the whole tensor it is given, so a sequence's own need shows only when it is solved
-    on its own (the distribution says which inputs need more compute)."""
+    """An adaptive ``setting``'s cost for each sequence: one row per sequence of ``batches`` with
+    its mean ``nfe`` per token (each prefix solved alone, as ``evaluate_settings`` does), the
+    ``max_nfe`` of its positions and its ``loss``: which inputs need more compute."""
     if not setting.adaptive:
         raise ValueError(f"per_sequence_nfe needs an adaptive setting (one of {', '.join(ADAPTIVE_METHODS)}); "
                          f"a fixed grid ({setting.label}) costs every sequence the same")
-    device = torch.device(device)
-    rows = []
     with solved_with(model, setting):
-        for b, (x, y) in enumerate(batches):
-            for i in range(x.shape[0]):
-                loss, _, nfe, _ = _scored(model, [(x[i:i + 1], y[i:i + 1])], device)
-                rows.append({"batch": b, "row": i, "nfe": nfe, "loss": loss,
-                             "rejected": model.ode_stats()["n_rejected"]})
+        tokens, _ = _scored(model, list(batches), torch.device(device), by_prefix=True)
+    return (tokens.groupby(["batch", "row"])
+            .agg(nfe=("nfe", "mean"), max_nfe=("nfe", "max"), loss=("loss", "mean")).reset_index())
+
+
+def decode_speed(model: CausalLM, prompt: torch.Tensor, settings: Iterable[SolveSetting], max_new_tokens: int = 32,
+                 rounds: int = 3) -> pd.DataFrame:
+    """Greedy decoding of ``max_new_tokens`` after ``prompt`` (B, T) at each setting: ``tokens_per_s``
+    (the fastest of ``rounds``, after an untimed warm-up) against ``nfe`` per token, with the KV cache
+    on a fixed grid (``cached``) and without it for an adaptive solver (whose steps move with the
+    input). A fixed grid costs its steps times its stages per token; an adaptive solve's NFE is
+    counted over the decoding passes."""
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds={rounds!r} is not valid; it must be an integer >= 1")
+    rows = []
+    for setting in settings:
+        cached = not setting.adaptive
+        counted: list[int] = []
+        decode = lambda on_token=None: generate(model, prompt, max_new_tokens, temperature=0.0, use_cache=cached,  # noqa: E731
+                                                ode=setting.ode_changes(), on_token=on_token)
+        decode()
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            decode(lambda token: counted.append(model.ode_stats()["nfe"]))
+            times.append(time.perf_counter() - start)
+        nfe = (setting.n_steps * TABLEAUS[setting.method].n_stages if cached
+               else sum(counted) / len(counted))
+        rows.append({"setting": setting.label, "method": setting.method, "n_steps": setting.n_steps,
+                     "rtol": setting.rtol, "cached": cached, "nfe": nfe,
+                     "tokens_per_s": prompt.shape[0] * max_new_tokens / min(times)})
     return pd.DataFrame(rows)
 
 
@@ -182,5 +212,5 @@ def anytime_area(curve: pd.DataFrame, low: float, high: float, nfe: str = "nfe",
 
 
 __all__ = ["SolveSetting", "fixed_grid_settings", "solved_with", "evaluate_settings", "per_sequence_nfe",
-           "anytime_profile", "anytime_area"]
+           "decode_speed", "anytime_profile", "anytime_area"]
 

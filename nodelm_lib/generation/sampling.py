@@ -21,13 +21,14 @@ stays the context it was trained at.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from typing import Callable
 
 import torch
 
-from nodelm_lib.models.common import CausalLM, check_token_ids
+from nodelm_lib.models.common import CausalLM, ODEBlock, check_token_ids
 from nodelm_lib.nn.decode_cache import DecodeCache
 from nodelm_lib.ode.solvers import FIXED_STEP_METHODS
 
@@ -110,7 +111,8 @@ def _check_args(model, idx, max_new_tokens, temperature, top_k, top_p) -> None:
 def generate(model: CausalLM, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
              generator: torch.Generator | None = None, return_logits: bool = False,
-             on_token: Callable[[torch.Tensor], None] | None = None, window: int | None = None, **model_kwargs):
+             on_token: Callable[[torch.Tensor], None] | None = None, window: int | None = None,
+             ode: dict | None = None, **model_kwargs):
     """Extend ``idx`` (B, T) by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens).
 
     ``temperature=0`` is greedy decoding; ``top_k`` / ``top_p`` restrict sampling;
@@ -121,10 +123,38 @@ def generate(model: CausalLM, idx: torch.Tensor, max_new_tokens: int, temperatur
     streaming output, or timing every token (``bench/decode.py``).
     ``window``: how many of the last tokens each new one sees (default ``max_seq_len``; longer
     only with ``position="rope"``; module docstring).
+    ``ode``: how the model's ODE blocks are solved for this call (``CausalLM.set_ode``'s changes,
+    restored afterwards): depth as a decoding setting, e.g. ``{"n_steps": 2}`` to decode cheaply or
+    ``{"method": "dopri5", "rtol": 1e-4}`` (adaptive: with ``use_cache=False``).
     ``model_kwargs`` go to every forward (e.g. the hybrid's ``control``). The model is put in
     eval mode for the call and restored afterwards.
     """
     _check_args(model, idx, max_new_tokens, temperature, top_k, top_p)
+    with solved_as(model, ode):
+        return _generate(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, return_logits,
+                         on_token, window, model_kwargs)
+
+
+@contextlib.contextmanager
+def solved_as(model: CausalLM, ode: dict | None):
+    """``model`` with its ODE blocks solved with the changes ``ode`` (none: as they are), restored after."""
+    if not ode:
+        yield model
+        return
+    if not isinstance(ode, dict):
+        raise ValueError(f"ode={ode!r} is not valid; it must be a dict of ODEConfig changes, e.g. {{'n_steps': 2}}")
+    blocks = [m for m in model.modules() if isinstance(m, ODEBlock)]
+    before = [block.ode for block in blocks]
+    model.set_ode(**ode)  # a model without ODE blocks, or a bad value, is refused here
+    try:
+        yield model
+    finally:
+        for block, config in zip(blocks, before):
+            block.ode = config
+
+
+def _generate(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, return_logits, on_token,
+              window, model_kwargs):
     if use_cache and (reason := cache_unsupported_reason(model)):
         raise ValueError(f"cannot decode with a cache: {reason}")
     window = decoding_window(model, window)
