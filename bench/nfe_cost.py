@@ -1,0 +1,111 @@
+"""What one function evaluation (NFE) costs at inference, against one ``gpt`` block of the same width,
+in one run: the ratio that lets a loss-vs-NFE curve (notebook 09) be read as loss against time.
+
+    python bench/nfe_cost.py                          # 02's cpu shape: d=128, 4 heads, B=12 x T=64
+    python bench/nfe_cost.py --steps 4 16 --rounds 30 --out results/bench_nfe_cpu
+
+Each arm's ODE block is solved on its embedded input at ``--steps`` Euler steps (eval mode, no
+gradient, as ``analysis.anytime`` evaluates), and the time divided by the steps is one NFE: weights
+generated from t (``node``'s hypernetwork, the time-indexed gates) are made once per solve for every
+step's t and so are shared out over the steps, as they are at inference. The reference is one
+``gpt`` block (attention + MLP) on the same activations. The arms take turns within each round
+(a slow period of the shared machine hits them alike); the median of each is compared. Target:
+one NFE at most 1.15x one ``gpt`` block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import nodelm_lib as nl
+from nodelm_lib.nn.layers import Block
+from nodelm_lib.reporting.reproduce import machine
+
+TARGET = 1.15
+
+
+def block_of(arch: str, a: argparse.Namespace) -> torch.nn.Module:
+    cfg = nl.config.for_arch(nl.ModelConfig(vocab_size=256, d_model=a.dim, n_heads=a.heads, n_layers=4,
+                                            max_seq_len=a.seq_len), arch)
+    return nl.build_model(cfg).eval().ode_block
+
+
+def timed(fn, x) -> float:
+    start = time.perf_counter()
+    fn(x)
+    return time.perf_counter() - start
+
+
+@torch.no_grad()
+def measure(a: argparse.Namespace) -> list[dict]:
+    torch.manual_seed(0)
+    torch.set_num_threads(a.threads)
+    x = torch.randn(a.batch, a.seq_len, a.dim)
+    gpt = Block(a.dim, a.heads).eval()
+    cases = {"gpt block": (gpt, 1)}
+    for arch in a.archs:
+        block = block_of(arch, a)
+        for n in a.steps:
+            cases[f"{arch} {n} steps"] = (_solver(block, n), n)
+    times = {name: [] for name in cases}
+    for name, (fn, _) in cases.items():  # warm-up: first calls allocate and pick kernels
+        fn(x)
+    for _ in range(a.rounds):
+        for name, (fn, _) in cases.items():
+            times[name].append(timed(fn, x))
+    ref = statistics.median(times["gpt block"])
+    rows = []
+    for name, (_, n) in cases.items():
+        per_nfe = statistics.median(times[name]) / n
+        rows.append({"case": name, "nfe": n, "ms_per_nfe": 1e3 * per_nfe, "ratio_to_gpt_block": per_nfe / ref,
+                     "target": "" if name == "gpt block" else TARGET})
+    return rows
+
+
+def _solver(block, n):
+    """A solve of ``block`` at ``n`` Euler steps (the blocks of one arm share their weights)."""
+    ode = nl.ODEConfig(method="euler", n_steps=n)
+
+    def solve(x):
+        block.ode = ode
+        return block(x)
+
+    return solve
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--archs", nargs="+", default=["hybrid", "node", "ti_mlp", "ti_ssm"])
+    p.add_argument("--steps", nargs="+", type=int, default=[4, 16])
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--batch", type=int, default=12)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=None, help="write <out>.csv and <out>.json (with the machine)")
+    a = p.parse_args()
+    rows = measure(a)
+    for r in rows:
+        flag = "" if r["target"] == "" else ("ok" if r["ratio_to_gpt_block"] <= TARGET else "ABOVE TARGET")
+        print(f"{r['case']:>22}: {r['ms_per_nfe']:7.3f} ms per NFE, {r['ratio_to_gpt_block']:.2f}x a gpt block {flag}")
+    where = machine()
+    print(f"machine: {where}")
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(f"{a.out}.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        Path(f"{a.out}.json").write_text(json.dumps({"machine": where, "args": vars(a), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
