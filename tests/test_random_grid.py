@@ -57,7 +57,7 @@ def test_training_solves_the_drawn_grid_and_evaluation_the_trained_one(arch):
     model = nl.build_model(model_config(arch, grid_min_steps=1, grid_max_steps=8))
     x = torch.randint(0, 32, (2, 8))
     model.train()
-    model.draw_grids(seed=3, step=11)
+    model.draw_step(seed=3, step=11)
     n = model.ode_block.drawn_grid.numel() - 1
     drawn = model(x)[0]
     assert model.ode_stats()["nfe"] == n
@@ -75,7 +75,7 @@ def test_a_residual_stack_adds_f_once_per_drawn_step():
     model = nl.build_model(cfg)
     x = torch.randint(0, 32, (2, 8))
     model.train()
-    model.draw_grids(seed=0, step=1)
+    model.draw_step(seed=0, step=1)
     n = model.ode_block.drawn_grid.numel() - 1
     drawn = model(x)[0]
     model.eval()
@@ -89,7 +89,7 @@ def test_every_arm_is_causal_on_a_drawn_grid(arch):
     model = nl.build_model(model_config(arch, grid_min_steps=1, grid_max_steps=8, grid_placement="random",
                                         grid_end_jitter=0.2))
     model.train()
-    model.draw_grids(seed=1, step=2)
+    model.draw_step(seed=1, step=2)
     x = torch.randint(0, 32, (1, 10))
     changed = x.clone()
     changed[0, 6] = (x[0, 6] + 1) % 32
