@@ -50,8 +50,8 @@ from .evaluation import (activation_bytes, batch_tokens, eval_batches, evaluate,
 from .flops import forward_flops_per_token
 from .optim import _grad_norms, clip_gradients, lr_at, make_optimizer
 from .profiling import keep_freed_memory
-from .record import CHECKPOINT_NAME, RECORD_NAME, NonFiniteError, RunRecord, check_learned
-from .state import (_final_train_loss, load_parent_weights, load_training_state, save_training_state)
+from .record import CHECKPOINT_NAME, RECORD_NAME, NonFiniteError, RunRecord, check_learned, final_train_loss
+from .state import load_parent_weights, load_training_state, save_training_state
 
 
 log = logging.getLogger(__name__)
@@ -199,12 +199,12 @@ def _new_record(tc: TrainConfig, model: CausalLM, local_batch: int, probe, autoc
 
 def _final_losses(tc: TrainConfig, model: CausalLM, record: RunRecord, val_batches, autocast, device,
                   ctx: Context) -> dict:
-    """The trained model's final losses: train (``_final_train_loss``), validation on the
+    """The trained model's final losses: train (``final_train_loss``), validation on the
     profile's final batches (the last evaluation's, where they are the curve's batches) and,
     with ``score_test``, test, computed once, here."""
     final_val_batches = final_eval_batches(tc, "validation", val_batches)
     final = {
-        "train_loss": _final_train_loss(record.metrics),
+        "train_loss": final_train_loss(record.metrics),
         "val_loss": (record.evals[-1]["val_loss"] if final_val_batches is val_batches
                      else evaluate(model, final_val_batches, device, autocast, ctx)),
         "val_tokens": batch_tokens(final_val_batches),
