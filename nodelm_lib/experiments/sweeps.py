@@ -31,7 +31,7 @@ from nodelm_lib.training.evaluation import with_tokenizer_vocab
 from nodelm_lib.training.flops import forward_flops, training_flops
 from nodelm_lib.training.record import RunRecord
 
-from .protocol import _selected_arm_configs, check_protocol
+from .protocol import selected_arm_configs, check_protocol
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where used: `import nodelm_lib` stays light (child processes)
@@ -59,7 +59,7 @@ def sweep(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[in
     """
     import pandas as pd
 
-    configs, selected = _selected_arm_configs(base, arms, seeds, lr_selection)
+    configs, selected = selected_arm_configs(base, arms, seeds, lr_selection)
     check_protocol(configs, selected)
     records = _run_all([tc for _, _, tc in configs], store, checkpoints, isolate, need_checkpoint, workers,
                        progress, labels=[f"{name} seed {seed}" for name, seed, _ in configs], launcher=launcher,
@@ -123,7 +123,7 @@ def final_weights(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Ite
     training."""
     runs = sweep(base, arms, seeds, store=store, checkpoints=checkpoints, isolate=isolate, progress=progress,
                  lr_selection=lr_selection, workers=workers)
-    configs, _ = _selected_arm_configs(base, arms, seeds, lr_selection)
+    configs, _ = selected_arm_configs(base, arms, seeds, lr_selection)
     stored = [stored_record(tc, store) for _, _, tc in configs]
 
     def where(i: int) -> FinalWeights | None:
@@ -302,7 +302,7 @@ def curves(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[i
     import pandas as pd
 
     rows = []
-    for name, seed, tc in _selected_arm_configs(base, arms, seeds, lr_selection)[0]:
+    for name, seed, tc in selected_arm_configs(base, arms, seeds, lr_selection)[0]:
         record = stored_record(tc, store)
         if record is None:
             raise FileNotFoundError(f"no finished record of arm {name!r} seed {seed} in {store}; run the sweep first")
@@ -321,7 +321,7 @@ def collect(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[
     import pandas as pd
 
     rows, waiting = [], []
-    for name, seed, tc in _selected_arm_configs(base, arms, seeds, lr_selection)[0]:
+    for name, seed, tc in selected_arm_configs(base, arms, seeds, lr_selection)[0]:
         record = stored_record(tc, store)
         if record is not None:
             rows.append(record_row(record, arm=name))

@@ -48,7 +48,7 @@ from .distributed import SINGLE, Context
 from .evaluation import (activation_bytes, batch_tokens, eval_batches, evaluate, final_eval_batches,
                          split_tokens, with_tokenizer_vocab)
 from .flops import forward_flops_per_token
-from .optim import _grad_norms, clip_gradients, lr_at, make_optimizer
+from .optim import clip_gradients, lr_at, make_optimizer, measure_gradients
 from .profiling import keep_freed_memory
 from .record import CHECKPOINT_NAME, RECORD_NAME, NonFiniteError, RunRecord, check_learned, final_train_loss
 from .state import load_parent_weights, load_training_state, save_training_state
@@ -246,7 +246,7 @@ def train_step(model, step_model, optimizer, tc, step, train_tokens, batch_gen, 
         raise NonFiniteError(f"non-finite loss ({loss_value}) at step {step + 1}", record)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    norms, grads, per_tensor = _grad_norms(model, groups)
+    norms, grads, per_tensor = measure_gradients(model, groups)
     if not math.isfinite(norms["grad_norm"]):
         bad = [g for g, v in norms.items() if not math.isfinite(v)]
         raise NonFiniteError(f"non-finite gradient at step {step + 1} in {', '.join(bad)}", record)
