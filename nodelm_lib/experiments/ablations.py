@@ -31,7 +31,7 @@ from nodelm_lib.training.evaluation import evaluate, final_eval_batches, with_to
 from nodelm_lib.training.record import RunRecord
 
 from .protocol import selected_lrs, sweep_configs
-from .sweeps import _run_all, with_weights, with_weights_where_missing
+from .sweeps import train_all, with_weights, with_weights_where_missing
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -319,8 +319,8 @@ def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], see
 
     parents, jobs = depth_transfer_configs(base, arms, seeds, to_steps, fraction, lr_scale, lr_selection, full_budget)
     parent_records = train_transfer_parents(parents, jobs, to_steps, store, checkpoints, isolate, workers, progress)
-    records = _run_all([tc for *_, tc in jobs], store, checkpoints, isolate, False, workers, progress,
-                       labels=[f"{name} seed {seed} {variant} m={m}" for name, seed, _, variant, m, _ in jobs])
+    records = train_all([tc for *_, tc in jobs], store, checkpoints, isolate, False, workers, progress,
+                        labels=[f"{name} seed {seed} {variant} m={m}" for name, seed, _, variant, m, _ in jobs])
     rows, parent_of = [], {}
     for (name, seed, parent_tc), parent in zip(parents, parent_records):
         n = parent_tc.model.ode.n_steps
@@ -348,7 +348,7 @@ def train_transfer_parents(parents: list, jobs: list, to_steps: Iterable[int], s
     none is. Records in the order of ``parents``."""
     configs = [tc for _, _, tc in parents]
     labels = [f"{name} seed {seed}" for name, seed, _ in parents]
-    records = _run_all(configs, store, checkpoints, isolate, False, workers, progress, labels, launcher)
+    records = train_all(configs, store, checkpoints, isolate, False, workers, progress, launcher, labels=labels)
     unstored = {(name, seed) for name, seed, _, variant, _, tc in jobs  # runs that start from the parent's weights
                 if tc.init_from is not None and stored_record(tc, store) is None}
     needy = [i for i, ((name, seed, _), record) in enumerate(zip(parents, records))

@@ -61,9 +61,8 @@ def sweep(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[in
 
     configs, selected = selected_arm_configs(base, arms, seeds, lr_selection)
     check_protocol(configs, selected)
-    records = _run_all([tc for _, _, tc in configs], store, checkpoints, isolate, need_checkpoint, workers,
-                       progress, labels=[f"{name} seed {seed}" for name, seed, _ in configs], launcher=launcher,
-                       wait=wait)
+    records = train_all([tc for _, _, tc in configs], store, checkpoints, isolate, need_checkpoint, workers, progress,
+                        launcher, labels=[f"{name} seed {seed}" for name, seed, _ in configs], wait=wait)
     if not wait:
         return collect(base, arms, seeds, store, lr_selection)
     return pd.DataFrame([record_row(record, arm=name) for (name, _, _), record in zip(configs, records)])
@@ -79,8 +78,8 @@ def with_weights(records: list[RunRecord], needy: list[int], configs: list[Train
     the weights."""
     if not needy:
         return records
-    retrained = _run_all([configs[i] for i in needy], store, checkpoints, isolate, True, workers, progress,
-                         [labels[i] for i in needy], launcher)
+    retrained = train_all([configs[i] for i in needy], store, checkpoints, isolate, True, workers, progress, launcher,
+                          labels=[labels[i] for i in needy])
     records = list(records)
     for i, record in zip(needy, retrained):
         records[i] = record
@@ -133,8 +132,8 @@ def final_weights(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Ite
     found = [where(i) for i in range(len(configs))]
     needy = [i for i, weights in enumerate(found) if weights is None]
     if needy:
-        _run_all([configs[i][2] for i in needy], store, checkpoints, isolate, True, workers, progress,
-                 labels=[f"{configs[i][0]} seed {configs[i][1]} (weights)" for i in needy])
+        train_all([configs[i][2] for i in needy], store, checkpoints, isolate, True, workers, progress,
+                  labels=[f"{configs[i][0]} seed {configs[i][1]} (weights)" for i in needy])
         found = [weights if weights is not None else where(i) for i, weights in enumerate(found)]
     moved = [f"{arm} seed {seed}: {weights.record.final.get('val_loss'):.4f} against {record.final.get('val_loss'):.4f}"
              for (arm, seed, _), weights, record in zip(configs, found, stored)
@@ -156,10 +155,25 @@ def final_models(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iter
     return runs, {run: w.model() for run, w in weights.items()}
 
 
-def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need_checkpoint: bool, workers: int | str,
-             progress: bool, labels: list[str], launcher=None, wait: bool = True) -> list[RunRecord]:
-    """``run`` every config (one at a time, ``workers`` isolated runs at once, or as jobs of a
-    ``launcher``); records in the order of ``configs``. A config listed twice is trained once."""
+def train_all(configs: Iterable[TrainConfig], store: str | Path = DEFAULT_STORE,
+              checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, need_checkpoint: bool = False,
+              workers: int | str = 1, progress: bool = True, launcher=None, labels: Iterable[str] | None = None,
+              wait: bool = True) -> list[RunRecord]:
+    """Train every config the store lacks (``run``: each once, in any order) and return the
+    records in the order given: one run at a time, ``workers`` isolated runs at once (longest
+    first, ``expected_seconds``), or as jobs of a ``launcher`` (``launch.run_all``; with
+    ``wait=False`` it returns at once, None for each run not finished yet). A config listed
+    twice is trained once. ``labels`` name the runs on the progress bar (default: arch, seed
+    and steps). Every sweep of ``experiments`` trains its runs here.
+
+    Why a caller outside a sweep uses it: a notebook whose steps each train a set of runs (a
+    learning-rate search and its full-length check; ablations and fine-tuning) leaves a worker
+    idle at the end of every step while the last run finishes. Passing the union of the
+    independent steps' configs here first trains them in one pool; the steps then read their
+    runs back."""
+    configs = list(configs)
+    labels = (list(labels) if labels is not None
+              else [f"{tc.model.arch} seed {tc.seed}, {tc.max_steps} steps" for tc in configs])
     if launcher is not None:
         from nodelm_lib.runs.launch import run_all
 
@@ -216,22 +230,6 @@ def _stop_if_not_started(not_started: list[str]) -> None:
     if not_started:
         raise BudgetReached(f"{len(not_started)} run(s) did not fit in the time budget and were not started (the "
                             f"next chunk trains them); the first: {not_started[0]}")
-
-
-def train_all(configs: Iterable[TrainConfig], store: str | Path = DEFAULT_STORE,
-              checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, need_checkpoint: bool = False,
-              workers: int | str = 1, progress: bool = True, launcher=None) -> list[RunRecord]:
-    """Train every config the store lacks (``run``: each once, in any order) and return the
-    records in the order given. With ``workers > 1`` the runs go longest first
-    (``expected_seconds``).
-
-    Why it exists: a notebook whose steps each train a set of runs (a learning-rate search
-    and its full-length check; ablations and fine-tuning) leaves a worker idle at the end of
-    every step while the last run finishes. Passing the union of the independent steps'
-    configs here first trains them in one pool; the steps then read their runs back."""
-    configs = list(configs)
-    return _run_all(configs, store, checkpoints, isolate, need_checkpoint, workers, progress,
-                    labels=[f"{tc.model.arch} seed {tc.seed}, {tc.max_steps} steps" for tc in configs], launcher=launcher)
 
 
 MAX_AUTO_WORKERS = 8  # past this, runs sharing one device gain little and contend for its host's cores

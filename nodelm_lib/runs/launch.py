@@ -344,7 +344,7 @@ def as_launcher(launcher, checkpoints: str | Path) -> Launcher:
 
 def run_all(configs: list[TrainConfig], store, checkpoints, launcher, need_checkpoint: bool, progress: bool,
             labels: list[str], wait: bool = True) -> list:
-    """``sweeps._run_all`` through a launcher: the records (None for a run not finished when
+    """``sweeps.train_all`` through a launcher: the records (None for a run not finished when
     ``wait=False``), in the order of ``configs``."""
     from .store import finished_record
 
