@@ -26,8 +26,9 @@ import torch
 
 from nodelm_lib.config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, evaluations_store,
-                                   read_evaluations, stored_record, write_evaluations)
-from nodelm_lib.training.evaluation import evaluate, final_eval_batches, with_tokenizer_vocab
+                                   read_evaluations, run_hash, stored_record, write_evaluations)
+from nodelm_lib.training.evaluation import evaluate, final_eval_batches
+from nodelm_lib.training.flops import model_with_vocab
 from nodelm_lib.training.record import RunRecord
 
 from .protocol import selected_lrs, sweep_configs
@@ -247,10 +248,10 @@ def finetune_config(parent: TrainConfig, n_steps: int, fraction: float, lr_scale
     ``parent.lr * lr_scale`` (``lr_scale=min_lr_ratio``: the rate the parent's schedule ended at)."""
     if lr_scale <= 0:
         raise ValueError(f"lr_scale={lr_scale!r} is not valid; it must be > 0")
-    parent = with_tokenizer_vocab(parent)
+    parent_hash = run_hash(parent)  # the parent's run, whether ``parent`` is finished or not
     short = short_budget(parent, fraction)
-    return with_values(short, {"model": at_depth(parent.model, n_steps), "lr": parent.lr * lr_scale,
-                               "init_from": parent.config_hash()})
+    return with_values(short, {"model": at_depth(model_with_vocab(parent), n_steps), "lr": parent.lr * lr_scale,
+                               "init_from": parent_hash})
 
 
 def transfer_configs(parent: TrainConfig, to_steps: Iterable[int], fraction: float, lr_scale: float,

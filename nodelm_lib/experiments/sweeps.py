@@ -27,8 +27,7 @@ from nodelm_lib.runs.records import record_row
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records,
                                    run, run_hash, stored_record)
 from nodelm_lib.runs.timing import run_times
-from nodelm_lib.training.evaluation import with_tokenizer_vocab
-from nodelm_lib.training.flops import forward_flops, training_flops
+from nodelm_lib.training.flops import forward_flops, model_with_vocab, training_flops
 from nodelm_lib.training.record import RunRecord
 
 from .protocol import selected_arm_configs, check_protocol
@@ -256,7 +255,7 @@ def auto_workers(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE, 
     launches, leaving most of the device idle, so runs side by side add throughput."""
     import torch
 
-    devices = {with_tokenizer_vocab(tc).device for tc in configs}
+    devices = {tc.device for tc in configs}
     if not any(d.startswith("cuda") or (d == "auto" and torch.cuda.is_available()) for d in devices):
         return max(1, min(MAX_AUTO_WORKERS, os.cpu_count() or 1))
     if free_mb is None:
@@ -266,7 +265,8 @@ def auto_workers(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE, 
         if record.peak_memory_mb and record.status == "completed":
             key = _memory_key(record.config)
             peaks[key] = max(peaks.get(key, 0.0), record.peak_memory_mb)
-    per_run = max(peaks.get(_memory_key(to_dict(with_tokenizer_vocab(tc))), UNMEASURED_RUN_MB) for tc in configs)
+    per_run = max(peaks.get(_memory_key({**to_dict(tc), "model": to_dict(model_with_vocab(tc))}), UNMEASURED_RUN_MB)
+                  for tc in configs)
     return int(max(1, min(MAX_AUTO_WORKERS, free_mb // (per_run * RUN_MEMORY_HEADROOM))))
 
 

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from nodelm_lib.config import TrainConfig, to_dict
-from nodelm_lib.training.evaluation import scored_tokens, with_tokenizer_vocab
-from nodelm_lib.training.flops import forward_flops
+from nodelm_lib.training.evaluation import scored_tokens
+from nodelm_lib.training.flops import forward_flops, model_with_vocab
 from nodelm_lib.training.record import RunRecord
 
 # process start-up of an isolated run, which its record does not time (the interpreter, torch and the
@@ -54,7 +54,8 @@ def _shape_key(config: dict) -> str:
 
 
 def _normalized(tc: TrainConfig) -> dict:
-    return to_dict(with_tokenizer_vocab(tc))
+    # a config given unfinished keys as its run's record does: with the model's vocabulary
+    return {**to_dict(tc), "model": to_dict(model_with_vocab(tc))}
 
 
 def machine_of(environment: dict) -> str:

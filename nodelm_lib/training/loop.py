@@ -72,6 +72,9 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     Launched by ``torchrun`` with several processes, every process calls this and trains its
     share of each global batch (``distributed.py``); all return the same record, rank 0 alone
     writes files and shows progress, and ``callback`` runs on every rank.
+
+    ``tc`` may be unfinished (``model.vocab_size`` unset): it is finished here, once
+    (``with_tokenizer_vocab``), and what this calls takes it finished.
     """
     t_start = time.perf_counter()
     tc = with_tokenizer_vocab(tc)
