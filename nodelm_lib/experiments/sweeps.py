@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import numpy as np
 from tqdm import tqdm
 
-from nodelm_lib.config import TrainConfig, to_dict
+from nodelm_lib.config import TrainConfig
 from nodelm_lib.runs import claims
 from nodelm_lib.runs.budget import BudgetReached
 from nodelm_lib.runs.final_weights import FinalWeights
 from nodelm_lib.runs.records import record_row
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records,
                                    run, run_hash, stored_record)
-from nodelm_lib.runs.timing import run_times
-from nodelm_lib.training.flops import forward_flops, model_with_vocab, training_flops
+from nodelm_lib.runs.timing import as_recorded, run_times
+from nodelm_lib.training.flops import forward_flops, training_flops
 from nodelm_lib.training.record import RunRecord
 
-from .protocol import selected_arm_configs, check_protocol
+from .protocol import check_protocol, selected_arm_configs
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where used: `import nodelm_lib` stays light (child processes)
@@ -265,8 +265,7 @@ def auto_workers(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE, 
         if record.peak_memory_mb and record.status == "completed":
             key = _memory_key(record.config)
             peaks[key] = max(peaks.get(key, 0.0), record.peak_memory_mb)
-    per_run = max(peaks.get(_memory_key({**to_dict(tc), "model": to_dict(model_with_vocab(tc))}), UNMEASURED_RUN_MB)
-                  for tc in configs)
+    per_run = max(peaks.get(_memory_key(as_recorded(tc)), UNMEASURED_RUN_MB) for tc in configs)
     return int(max(1, min(MAX_AUTO_WORKERS, free_mb // (per_run * RUN_MEMORY_HEADROOM))))
 
 

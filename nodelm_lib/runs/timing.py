@@ -53,8 +53,10 @@ def _shape_key(config: dict) -> str:
     return repr(_shape(config))
 
 
-def _normalized(tc: TrainConfig) -> dict:
-    # a config given unfinished keys as its run's record does: with the model's vocabulary
+def as_recorded(tc: TrainConfig) -> dict:
+    """``tc`` as its run's record stores it, with the model's vocabulary filled in
+    (``flops.model_with_vocab``), finished or not: what a key that matches configs against
+    records is built from."""
     return {**to_dict(tc), "model": to_dict(model_with_vocab(tc))}
 
 
@@ -105,7 +107,7 @@ def record_timings(records: Iterable[RunRecord]) -> pd.DataFrame:
         if r.status != "completed" or not steps or r.wall_time_s < r.train_time_s or r.train_time_s <= 0:
             continue  # a resumed run's wall time covers its last part only
         tc = r.train_config
-        c = _normalized(tc)
+        c = as_recorded(tc)
         rows.append({"key": _run_key(c), "family": _run_key(c, width=False), "shape": _shape_key(c),
                      "arch": c["model"]["arch"],
                      "reference": c["model"]["arch"] == "gpt" and not c["model"]["parallel"],
@@ -182,7 +184,7 @@ def times_from(configs: list[TrainConfig], timings: pd.DataFrame, machine: str |
     share = fixed_share(timings)
     rows = []
     for tc in configs:
-        c = _normalized(tc)
+        c = as_recorded(tc)
         exact = timings[timings["key"] == _run_key(c)]
         if not exact.empty:
             rows.append(_priced(tc, exact, 1.0, "measured", machine))
