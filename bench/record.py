@@ -78,7 +78,7 @@ from nodelm_lib.experiments.protocol import architecture_arms, comparison_setup 
 from nodelm_lib.models import count_params  # noqa: E402
 from nodelm_lib.training.profiling import cpu_description, keep_freed_memory
 from nodelm_lib.training.flops import forward_flops_per_token  # noqa: E402
-from nodelm_lib.training.optim import _grad_norms, clip_gradients  # noqa: E402
+from nodelm_lib.training.optim import clip_gradients, measure_gradients  # noqa: E402
 from nodelm_lib.training.device import cpu_has_native_bf16, enable_tf32  # noqa: E402
 from seed_reference import SeedLM, seed_training_step  # noqa: E402
 
@@ -97,7 +97,7 @@ def our_training_step(model, optimizer, step_model=None, autocast=contextlib.nul
         with autocast():
             _, loss = step_model(x, y, return_logits=False)
         loss.backward()
-        _, grads, norms = _grad_norms(model, groups)
+        _, grads, norms = measure_gradients(model, groups)
         clip_gradients(grads, norms, 1.0)
         optimizer.step()
 

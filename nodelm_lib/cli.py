@@ -184,7 +184,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace) -> int:
-    from nodelm_lib.training.integrity import check_store, quarantine, store_files
+    from nodelm_lib.runs.store_checks import check_store, quarantine, store_files
 
     checked = len(store_files(args.store, args.checkpoints))
     if args.action == "check":

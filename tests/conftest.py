@@ -69,14 +69,13 @@ def fake_record(tc, seconds_per_step: float, steps: int = 10, other_s: float = 0
 def as_if_trained_elsewhere(path: Path):
     """Rewrite the stored record at ``path`` as another kind of CPU would have trained it: every
     loss a little elsewhere (0.01 nats), so a retraining here no longer reproduces it. Returns it."""
-    from nodelm_lib.training.record import RunRecord
-    from nodelm_lib.training.state import _final_train_loss
+    from nodelm_lib.training.record import RunRecord, final_train_loss
 
     stored = RunRecord.from_json(path)
     for row in stored.metrics:
         row["loss"] += 0.01
     for row in stored.evals:
         row["val_loss"] += 0.01
-    stored.final.update(train_loss=_final_train_loss(stored.metrics), val_loss=stored.evals[-1]["val_loss"])
+    stored.final.update(train_loss=final_train_loss(stored.metrics), val_loss=stored.evals[-1]["val_loss"])
     stored.to_json(path)
     return stored

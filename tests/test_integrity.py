@@ -20,8 +20,8 @@ from nodelm_lib.runs import claims
 from nodelm_lib import data
 from nodelm_lib.reporting import comparisons
 from nodelm_lib.cli import main as cli_main
-from nodelm_lib.training.integrity import (DIGEST_KEY, CheckpointError, RecordError, check_store, digest,
-                                          parsed_digest, quarantine)
+from nodelm_lib.training.integrity import DIGEST_KEY, CheckpointError, RecordError, digest, parsed_digest
+from nodelm_lib.runs.store_checks import check_store, quarantine
 from nodelm_lib.runs.records import record_row
 from nodelm_lib.runs.store import load_records, read_record, record_path, stored_record
 

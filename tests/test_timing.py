@@ -167,7 +167,7 @@ def test_a_models_flops_are_counted_once_per_shape_in_a_process(monkeypatch):
     assert forward_flops(tiny(), batch_size=1) == first and counts == [(16, 2), (16, 1)]  # gpt: no per-pass cost
     assert forward_flops(tiny(model=nl.ModelConfig(arch="gpt", d_model=32, n_heads=2, n_layers=1,
                                                    max_seq_len=16))) > first
-    assert len(counts) == 3 and first == real(flops._model_with_vocab(tiny()), 16, 2)
+    assert len(counts) == 3 and first == real(flops.model_with_vocab(tiny()), 16, 2)
 
 
 def test_a_records_timing_row_takes_its_own_flop_count_at_its_batch(monkeypatch):

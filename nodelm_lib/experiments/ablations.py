@@ -26,12 +26,13 @@ import torch
 
 from nodelm_lib.config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, evaluations_store,
-                                   read_evaluations, stored_record, write_evaluations)
-from nodelm_lib.training.evaluation import evaluate, final_eval_batches, with_tokenizer_vocab
+                                   read_evaluations, run_hash, stored_record, write_evaluations)
+from nodelm_lib.training.evaluation import evaluate, final_eval_batches
+from nodelm_lib.training.flops import model_with_vocab
 from nodelm_lib.training.record import RunRecord
 
 from .protocol import selected_lrs, sweep_configs
-from .sweeps import _run_all, with_weights, with_weights_where_missing
+from .sweeps import train_all, with_weights, with_weights_where_missing
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -247,10 +248,10 @@ def finetune_config(parent: TrainConfig, n_steps: int, fraction: float, lr_scale
     ``parent.lr * lr_scale`` (``lr_scale=min_lr_ratio``: the rate the parent's schedule ended at)."""
     if lr_scale <= 0:
         raise ValueError(f"lr_scale={lr_scale!r} is not valid; it must be > 0")
-    parent = with_tokenizer_vocab(parent)
+    parent_hash = run_hash(parent)  # the parent's run, whether ``parent`` is finished or not
     short = short_budget(parent, fraction)
-    return with_values(short, {"model": at_depth(parent.model, n_steps), "lr": parent.lr * lr_scale,
-                               "init_from": parent.config_hash()})
+    return with_values(short, {"model": at_depth(model_with_vocab(parent), n_steps), "lr": parent.lr * lr_scale,
+                               "init_from": parent_hash})
 
 
 def transfer_configs(parent: TrainConfig, to_steps: Iterable[int], fraction: float, lr_scale: float,
@@ -319,8 +320,8 @@ def depth_transfer(base: TrainConfig, arms: Mapping[str, Mapping[str, Any]], see
 
     parents, jobs = depth_transfer_configs(base, arms, seeds, to_steps, fraction, lr_scale, lr_selection, full_budget)
     parent_records = train_transfer_parents(parents, jobs, to_steps, store, checkpoints, isolate, workers, progress)
-    records = _run_all([tc for *_, tc in jobs], store, checkpoints, isolate, False, workers, progress,
-                       labels=[f"{name} seed {seed} {variant} m={m}" for name, seed, _, variant, m, _ in jobs])
+    records = train_all([tc for *_, tc in jobs], store, checkpoints, isolate, False, workers, progress,
+                        labels=[f"{name} seed {seed} {variant} m={m}" for name, seed, _, variant, m, _ in jobs])
     rows, parent_of = [], {}
     for (name, seed, parent_tc), parent in zip(parents, parent_records):
         n = parent_tc.model.ode.n_steps
@@ -348,7 +349,7 @@ def train_transfer_parents(parents: list, jobs: list, to_steps: Iterable[int], s
     none is. Records in the order of ``parents``."""
     configs = [tc for _, _, tc in parents]
     labels = [f"{name} seed {seed}" for name, seed, _ in parents]
-    records = _run_all(configs, store, checkpoints, isolate, False, workers, progress, labels, launcher)
+    records = train_all(configs, store, checkpoints, isolate, False, workers, progress, launcher, labels=labels)
     unstored = {(name, seed) for name, seed, _, variant, _, tc in jobs  # runs that start from the parent's weights
                 if tc.init_from is not None and stored_record(tc, store) is None}
     needy = [i for i, ((name, seed, _), record) in enumerate(zip(parents, records))

@@ -36,7 +36,7 @@ from typing import Iterable, Mapping, Union
 
 from nodelm_lib.config import DTYPES, TrainConfig, _check_choice, to_dict
 from nodelm_lib.models import count_params
-from nodelm_lib.training.flops import _model_with_vocab, forward_flops, training_flops
+from nodelm_lib.training.flops import forward_flops, model_with_vocab, training_flops
 from nodelm_lib.training.record import RunRecord
 
 DEFAULT_MFU = 0.3  # an assumption, not a measurement: see the module docstring
@@ -189,7 +189,7 @@ def format_seconds(seconds: float) -> str:
 
 
 def _count_params(tc: TrainConfig) -> int:
-    return count_params(_model_with_vocab(tc))["total"]
+    return count_params(model_with_vocab(tc))["total"]
 
 
 def _si(n: float) -> str:

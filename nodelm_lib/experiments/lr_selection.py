@@ -19,7 +19,7 @@ from nodelm_lib.runs.store import DEFAULT_CHECKPOINTS, DEFAULT_STORE
 from nodelm_lib.training.record import RunRecord
 
 from .protocol import selected_lrs
-from .sweeps import _run_all
+from .sweeps import train_all
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where used: `import nodelm_lib` stays light (child processes)
@@ -59,8 +59,8 @@ def select_lr(base: TrainConfig, arms: dict[str, dict[str, Any]], lrs, seed: int
     """
     seeds = _selection_seeds(seed, reported_seeds)
     configs = lr_search_configs(base, arms, lrs, seeds, max_steps, score_test, eval_on)
-    records = _run_all([tc for *_, tc in configs], store, checkpoints, isolate, False, workers, progress,
-                       labels=[f"{name} lr {lr:g} seed {s}" for name, lr, s, _ in configs], launcher=launcher)
+    records = train_all([tc for *_, tc in configs], store, checkpoints, isolate, False, workers, progress,
+                        labels=[f"{name} lr {lr:g} seed {s}" for name, lr, s, _ in configs], launcher=launcher)
     return selection_table([(name, lr, s, tc.max_steps, record) for (name, lr, s, tc), record in zip(configs, records)])
 
 

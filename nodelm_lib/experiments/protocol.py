@@ -183,14 +183,15 @@ def check_protocol(configs: list[tuple[str, int, TrainConfig]], lr_selection: Ma
 def sweep_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection=None
                   ) -> list[tuple[str, int, TrainConfig]]:
     """(arm, seed, config) of every run ``sweeps.sweep`` trains with these arguments."""
-    return _selected_arm_configs(base, arms, seeds, lr_selection)[0]
+    return selected_arm_configs(base, arms, seeds, lr_selection)[0]
 
 
-def _selected_arm_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection
+def selected_arm_configs(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[int], lr_selection
                           ) -> tuple[list[tuple[str, int, TrainConfig]], dict[str, float] | None]:
     """``arm_configs`` with each arm at its selected learning rate (``base.lr`` where the
     selection has none, which ``check_protocol`` then refuses), and the selection as a mapping;
-    without a selection, the arms as given and None."""
+    without a selection, the arms as given and None. ``sweep_configs`` without the selection;
+    ``sweeps.sweep`` checks the two together."""
     if lr_selection is None:
         return arm_configs(base, arms, seeds), None
     selected = selected_lrs(lr_selection)

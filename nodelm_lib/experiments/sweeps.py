@@ -19,19 +19,18 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import numpy as np
 from tqdm import tqdm
 
-from nodelm_lib.config import TrainConfig, to_dict
+from nodelm_lib.config import TrainConfig
 from nodelm_lib.runs import claims
 from nodelm_lib.runs.budget import BudgetReached
 from nodelm_lib.runs.final_weights import FinalWeights
 from nodelm_lib.runs.records import record_row
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, finished_record, load_records,
                                    run, run_hash, stored_record)
-from nodelm_lib.runs.timing import run_times
-from nodelm_lib.training.evaluation import with_tokenizer_vocab
+from nodelm_lib.runs.timing import as_recorded, run_times
 from nodelm_lib.training.flops import forward_flops, training_flops
 from nodelm_lib.training.record import RunRecord
 
-from .protocol import _selected_arm_configs, check_protocol
+from .protocol import check_protocol, selected_arm_configs
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where used: `import nodelm_lib` stays light (child processes)
@@ -59,11 +58,10 @@ def sweep(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[in
     """
     import pandas as pd
 
-    configs, selected = _selected_arm_configs(base, arms, seeds, lr_selection)
+    configs, selected = selected_arm_configs(base, arms, seeds, lr_selection)
     check_protocol(configs, selected)
-    records = _run_all([tc for _, _, tc in configs], store, checkpoints, isolate, need_checkpoint, workers,
-                       progress, labels=[f"{name} seed {seed}" for name, seed, _ in configs], launcher=launcher,
-                       wait=wait)
+    records = train_all([tc for _, _, tc in configs], store, checkpoints, isolate, need_checkpoint, workers, progress,
+                        launcher, labels=[f"{name} seed {seed}" for name, seed, _ in configs], wait=wait)
     if not wait:
         return collect(base, arms, seeds, store, lr_selection)
     return pd.DataFrame([record_row(record, arm=name) for (name, _, _), record in zip(configs, records)])
@@ -79,8 +77,8 @@ def with_weights(records: list[RunRecord], needy: list[int], configs: list[Train
     the weights."""
     if not needy:
         return records
-    retrained = _run_all([configs[i] for i in needy], store, checkpoints, isolate, True, workers, progress,
-                         [labels[i] for i in needy], launcher)
+    retrained = train_all([configs[i] for i in needy], store, checkpoints, isolate, True, workers, progress, launcher,
+                          labels=[labels[i] for i in needy])
     records = list(records)
     for i, record in zip(needy, retrained):
         records[i] = record
@@ -123,7 +121,7 @@ def final_weights(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Ite
     training."""
     runs = sweep(base, arms, seeds, store=store, checkpoints=checkpoints, isolate=isolate, progress=progress,
                  lr_selection=lr_selection, workers=workers)
-    configs, _ = _selected_arm_configs(base, arms, seeds, lr_selection)
+    configs, _ = selected_arm_configs(base, arms, seeds, lr_selection)
     stored = [stored_record(tc, store) for _, _, tc in configs]
 
     def where(i: int) -> FinalWeights | None:
@@ -133,8 +131,8 @@ def final_weights(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Ite
     found = [where(i) for i in range(len(configs))]
     needy = [i for i, weights in enumerate(found) if weights is None]
     if needy:
-        _run_all([configs[i][2] for i in needy], store, checkpoints, isolate, True, workers, progress,
-                 labels=[f"{configs[i][0]} seed {configs[i][1]} (weights)" for i in needy])
+        train_all([configs[i][2] for i in needy], store, checkpoints, isolate, True, workers, progress,
+                  labels=[f"{configs[i][0]} seed {configs[i][1]} (weights)" for i in needy])
         found = [weights if weights is not None else where(i) for i, weights in enumerate(found)]
     moved = [f"{arm} seed {seed}: {weights.record.final.get('val_loss'):.4f} against {record.final.get('val_loss'):.4f}"
              for (arm, seed, _), weights, record in zip(configs, found, stored)
@@ -156,10 +154,25 @@ def final_models(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iter
     return runs, {run: w.model() for run, w in weights.items()}
 
 
-def _run_all(configs: list[TrainConfig], store, checkpoints, isolate: bool, need_checkpoint: bool, workers: int | str,
-             progress: bool, labels: list[str], launcher=None, wait: bool = True) -> list[RunRecord]:
-    """``run`` every config (one at a time, ``workers`` isolated runs at once, or as jobs of a
-    ``launcher``); records in the order of ``configs``. A config listed twice is trained once."""
+def train_all(configs: Iterable[TrainConfig], store: str | Path = DEFAULT_STORE,
+              checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, need_checkpoint: bool = False,
+              workers: int | str = 1, progress: bool = True, launcher=None, labels: Iterable[str] | None = None,
+              wait: bool = True) -> list[RunRecord]:
+    """Train every config the store lacks (``run``: each once, in any order) and return the
+    records in the order given: one run at a time, ``workers`` isolated runs at once (longest
+    first, ``expected_seconds``), or as jobs of a ``launcher`` (``launch.run_all``; with
+    ``wait=False`` it returns at once, None for each run not finished yet). A config listed
+    twice is trained once. ``labels`` name the runs on the progress bar (default: arch, seed
+    and steps). Every sweep of ``experiments`` trains its runs here.
+
+    Why a caller outside a sweep uses it: a notebook whose steps each train a set of runs (a
+    learning-rate search and its full-length check; ablations and fine-tuning) leaves a worker
+    idle at the end of every step while the last run finishes. Passing the union of the
+    independent steps' configs here first trains them in one pool; the steps then read their
+    runs back."""
+    configs = list(configs)
+    labels = (list(labels) if labels is not None
+              else [f"{tc.model.arch} seed {tc.seed}, {tc.max_steps} steps" for tc in configs])
     if launcher is not None:
         from nodelm_lib.runs.launch import run_all
 
@@ -218,22 +231,6 @@ def _stop_if_not_started(not_started: list[str]) -> None:
                             f"next chunk trains them); the first: {not_started[0]}")
 
 
-def train_all(configs: Iterable[TrainConfig], store: str | Path = DEFAULT_STORE,
-              checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, need_checkpoint: bool = False,
-              workers: int | str = 1, progress: bool = True, launcher=None) -> list[RunRecord]:
-    """Train every config the store lacks (``run``: each once, in any order) and return the
-    records in the order given. With ``workers > 1`` the runs go longest first
-    (``expected_seconds``).
-
-    Why it exists: a notebook whose steps each train a set of runs (a learning-rate search
-    and its full-length check; ablations and fine-tuning) leaves a worker idle at the end of
-    every step while the last run finishes. Passing the union of the independent steps'
-    configs here first trains them in one pool; the steps then read their runs back."""
-    configs = list(configs)
-    return _run_all(configs, store, checkpoints, isolate, need_checkpoint, workers, progress,
-                    labels=[f"{tc.model.arch} seed {tc.seed}, {tc.max_steps} steps" for tc in configs], launcher=launcher)
-
-
 MAX_AUTO_WORKERS = 8  # past this, runs sharing one device gain little and contend for its host's cores
 RUN_MEMORY_HEADROOM = 1.25  # a run's measured peak is its allocations; the allocator's cache adds to them
 UNMEASURED_RUN_MB = 4096.0  # a CUDA run no stored record has measured is assumed to take this much
@@ -258,7 +255,7 @@ def auto_workers(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE, 
     launches, leaving most of the device idle, so runs side by side add throughput."""
     import torch
 
-    devices = {with_tokenizer_vocab(tc).device for tc in configs}
+    devices = {tc.device for tc in configs}
     if not any(d.startswith("cuda") or (d == "auto" and torch.cuda.is_available()) for d in devices):
         return max(1, min(MAX_AUTO_WORKERS, os.cpu_count() or 1))
     if free_mb is None:
@@ -268,7 +265,7 @@ def auto_workers(configs: list[TrainConfig], store: str | Path = DEFAULT_STORE, 
         if record.peak_memory_mb and record.status == "completed":
             key = _memory_key(record.config)
             peaks[key] = max(peaks.get(key, 0.0), record.peak_memory_mb)
-    per_run = max(peaks.get(_memory_key(to_dict(with_tokenizer_vocab(tc))), UNMEASURED_RUN_MB) for tc in configs)
+    per_run = max(peaks.get(_memory_key(as_recorded(tc)), UNMEASURED_RUN_MB) for tc in configs)
     return int(max(1, min(MAX_AUTO_WORKERS, free_mb // (per_run * RUN_MEMORY_HEADROOM))))
 
 
@@ -302,7 +299,7 @@ def curves(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[i
     import pandas as pd
 
     rows = []
-    for name, seed, tc in _selected_arm_configs(base, arms, seeds, lr_selection)[0]:
+    for name, seed, tc in selected_arm_configs(base, arms, seeds, lr_selection)[0]:
         record = stored_record(tc, store)
         if record is None:
             raise FileNotFoundError(f"no finished record of arm {name!r} seed {seed} in {store}; run the sweep first")
@@ -321,7 +318,7 @@ def collect(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[
     import pandas as pd
 
     rows, waiting = [], []
-    for name, seed, tc in _selected_arm_configs(base, arms, seeds, lr_selection)[0]:
+    for name, seed, tc in selected_arm_configs(base, arms, seeds, lr_selection)[0]:
         record = stored_record(tc, store)
         if record is not None:
             rows.append(record_row(record, arm=name))

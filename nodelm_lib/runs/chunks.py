@@ -34,7 +34,8 @@ from typing import Callable
 from nodelm_lib.files import atomic_write_text
 from nodelm_lib.runs.budget import DEADLINE_ENV, REPORT_ENV, UNKNOWN_ENV
 from nodelm_lib.runs.store import training_outcome
-from nodelm_lib.training.integrity import RecordError, check_file
+from nodelm_lib.runs.store_checks import check_file
+from nodelm_lib.training.integrity import RecordError
 
 # how the outcome of a chunk maps to the command's exit status
 EXIT_COMPLETE, EXIT_FAILED, EXIT_MORE = 0, 1, 3

@@ -68,10 +68,9 @@ class RunJob:
     call, which resumes the run's checkpoint."""
 
     def __call__(self, config: dict, store: str, checkpoints: str, need_checkpoint: bool = False) -> dict:
-        from .store import finished_record, train_into_store
-        from nodelm_lib.training.evaluation import with_tokenizer_vocab
+        from .store import finished_record, run_config, train_into_store
 
-        tc = with_tokenizer_vocab(from_dict(TrainConfig, config))
+        tc = run_config(from_dict(TrainConfig, config))
         config_hash = tc.config_hash()
         ctx = _join_tasks(tc)
         outcome = None
@@ -192,12 +191,11 @@ class Launcher:
                need_checkpoint: bool = False, labels: Iterable[str] | None = None) -> Submitted:
         """One job per config that the store lacks and no live worker has claimed (a config listed
         twice is one job). Returns at once; ``wait`` follows the jobs to their records."""
-        from .store import finished_record
-        from nodelm_lib.training.evaluation import with_tokenizer_vocab
+        from .store import finished_record, run_hash
 
-        configs = [with_tokenizer_vocab(tc) for tc in configs]
+        configs = list(configs)
         labels = list(labels) if labels is not None else [f"{tc.model.arch} seed {tc.seed}" for tc in configs]
-        submitted = Submitted(configs={tc.config_hash(): (tc, label) for tc, label in zip(configs, labels)})
+        submitted = Submitted(configs={run_hash(tc): (tc, label) for tc, label in zip(configs, labels)})
         todo = []
         for config_hash, (tc, label) in submitted.configs.items():
             if finished_record(tc, store, checkpoints, need_checkpoint) is not None:
@@ -344,7 +342,7 @@ def as_launcher(launcher, checkpoints: str | Path) -> Launcher:
 
 def run_all(configs: list[TrainConfig], store, checkpoints, launcher, need_checkpoint: bool, progress: bool,
             labels: list[str], wait: bool = True) -> list:
-    """``sweeps._run_all`` through a launcher: the records (None for a run not finished when
+    """``sweeps.train_all`` through a launcher: the records (None for a run not finished when
     ``wait=False``), in the order of ``configs``."""
     from .store import finished_record
 

@@ -46,10 +46,20 @@ def record_path(store: str | Path, config_hash: str) -> Path:
     return Path(store) / f"{config_hash}.json"
 
 
+def run_config(tc: TrainConfig) -> TrainConfig:
+    """The config a run of ``tc`` trains and is stored under: ``tc`` finished, its model's
+    ``vocab_size`` filled from the tokenizer or checked against it (``with_tokenizer_vocab``);
+    idempotent. The store's entries finish a config here, once: ``run``, ``run_hash`` (so every
+    look-up by hash: ``stored_record``, ``finished_record``) and a launcher's job
+    (``launch.RunJob``); below them (``train_into_store``, ``budget``, ``isolated``) the config
+    is finished, and other code takes the vocabulary from ``flops.model_with_vocab``."""
+    return with_tokenizer_vocab(tc)
+
+
 def run_hash(tc: TrainConfig) -> str:
-    """The hash a run of ``tc`` is stored under: its config's, with the tokenizer's vocabulary
-    size filled in (as the run records it)."""
-    return with_tokenizer_vocab(tc).config_hash()
+    """The hash a run of ``tc`` is stored under: its finished config's (``run_config``), as the
+    run records it. The same for ``tc`` finished or not."""
+    return run_config(tc).config_hash()
 
 
 def stored_record(tc: TrainConfig, store: str | Path = DEFAULT_STORE) -> RunRecord | None:
@@ -128,11 +138,11 @@ def run(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpoints: str | P
     stored record (with ``need_checkpoint``, the record of the final model on disk); an in-process run also carries the trained model as ``record.model``. While another
     worker holds the run's claim (``claims.py``), this waits for it and reads its record. Under a
     time budget (``budget.py``), a run that cannot finish in time raises ``BudgetReached``
-    before it starts.
+    before it starts. ``tc`` may be unfinished (``run_config`` finishes it).
     """
     check_folder("store", store)
     check_folder("checkpoints", checkpoints)
-    tc = with_tokenizer_vocab(tc)
+    tc = run_config(tc)
     done = finished_record(tc, store, checkpoints, need_checkpoint)
     if done is not None:
         return done
@@ -149,8 +159,11 @@ def train_into_store(tc: TrainConfig, store: str | Path = DEFAULT_STORE, checkpo
     """Train ``tc`` (resuming its checkpoint) and write its finished record to ``store``; the
     caller holds the run's claim. ``run`` without the look-up and the claim. A record the store
     already holds (a run trained again for its weights, by ``run`` or a launcher's job) is kept
-    where the new training reproduces it (``same_training``)."""
-    tc = with_tokenizer_vocab(tc)
+    where the new training reproduces it (``same_training``). ``tc`` is finished (``run_config``,
+    as ``run`` and a launcher's job pass it); an unfinished one is a ValueError."""
+    if tc.model.vocab_size is None:  # its checkpoint folder and record would be named by another hash
+        raise ValueError("train_into_store takes a finished config (model.vocab_size set): pass "
+                         "store.run_config(tc), or call nl.run(tc), which finishes it")
     stored = stored_record(tc, store)
     config_hash = tc.config_hash()
     out_dir = Path(checkpoints) / config_hash

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from nodelm_lib.config import TrainConfig, to_dict
-from nodelm_lib.training.evaluation import scored_tokens, with_tokenizer_vocab
-from nodelm_lib.training.flops import forward_flops
+from nodelm_lib.training.evaluation import scored_tokens
+from nodelm_lib.training.flops import forward_flops, model_with_vocab
 from nodelm_lib.training.record import RunRecord
 
 # process start-up of an isolated run, which its record does not time (the interpreter, torch and the
@@ -53,8 +53,11 @@ def _shape_key(config: dict) -> str:
     return repr(_shape(config))
 
 
-def _normalized(tc: TrainConfig) -> dict:
-    return to_dict(with_tokenizer_vocab(tc))
+def as_recorded(tc: TrainConfig) -> dict:
+    """``tc`` as its run's record stores it, with the model's vocabulary filled in
+    (``flops.model_with_vocab``), finished or not: what a key that matches configs against
+    records is built from."""
+    return {**to_dict(tc), "model": to_dict(model_with_vocab(tc))}
 
 
 def machine_of(environment: dict) -> str:
@@ -104,7 +107,7 @@ def record_timings(records: Iterable[RunRecord]) -> pd.DataFrame:
         if r.status != "completed" or not steps or r.wall_time_s < r.train_time_s or r.train_time_s <= 0:
             continue  # a resumed run's wall time covers its last part only
         tc = r.train_config
-        c = _normalized(tc)
+        c = as_recorded(tc)
         rows.append({"key": _run_key(c), "family": _run_key(c, width=False), "shape": _shape_key(c),
                      "arch": c["model"]["arch"],
                      "reference": c["model"]["arch"] == "gpt" and not c["model"]["parallel"],
@@ -181,7 +184,7 @@ def times_from(configs: list[TrainConfig], timings: pd.DataFrame, machine: str |
     share = fixed_share(timings)
     rows = []
     for tc in configs:
-        c = _normalized(tc)
+        c = as_recorded(tc)
         exact = timings[timings["key"] == _run_key(c)]
         if not exact.empty:
             rows.append(_priced(tc, exact, 1.0, "measured", machine))

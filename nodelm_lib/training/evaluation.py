@@ -68,7 +68,11 @@ def evaluate_split(model: CausalLM, tokens, seq_len: int, batch_size: int = 8, m
 
 
 def with_tokenizer_vocab(tc: TrainConfig) -> TrainConfig:
-    """Fill ``model.vocab_size`` from the tokenizer, or check that it is large enough."""
+    """``tc`` finished: ``model.vocab_size`` filled from the tokenizer, or checked to be large
+    enough; idempotent. A config is finished in two places: ``train`` (the config that trains)
+    and ``runs.store.run_config`` (the config a run is stored and named under, for ``run``,
+    ``run_hash`` and a launcher's job). Code below them takes the config finished; code that only
+    needs the model's vocabulary reads it from ``flops.model_with_vocab``."""
     vocab = get_tokenizer(tc.tokenizer).vocab_size
     if tc.model.vocab_size is None:
         return dataclasses.replace(tc, model=dataclasses.replace(tc.model, vocab_size=vocab))

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from nodelm_lib.config import TrainConfig
+from nodelm_lib.config import ModelConfig, TrainConfig
 from nodelm_lib.data import CharTokenizer, GPT2Tokenizer
 from nodelm_lib.models import build_model
 
@@ -78,7 +78,7 @@ def forward_flops(tc: TrainConfig, batch_size: int | None = None) -> float:
     The global random state is left as it was. A count is made once per model, sequence length and
     batch in a process: a time estimate prices hundreds of records of a few dozen shapes.
     """
-    cfg = _model_with_vocab(tc)
+    cfg = model_with_vocab(tc)
     batch_size = tc.batch_size if batch_size is None else batch_size
     key = (repr(dataclasses.asdict(cfg)), tc.seq_len, batch_size)
     if key not in _COUNTED:
@@ -106,8 +106,12 @@ def _count_forward_flops(cfg, seq_len: int, batch_size: int) -> float:
 
 
 
-def _model_with_vocab(tc: TrainConfig):
-    """``tc.model`` with the tokenizer's vocabulary size filled in (``VOCAB_SIZES``)."""
+def model_with_vocab(tc: TrainConfig) -> ModelConfig:
+    """The model a run of ``tc`` builds: ``tc.model`` with the tokenizer's vocabulary size where it
+    is unset (``VOCAB_SIZES``: the tokenizer is not loaded), for counting its FLOPs or parameters
+    or keying its timings. Not finishing the config: that is ``train``'s and the store's
+    (``evaluation.with_tokenizer_vocab``, which also refuses a vocabulary smaller than the
+    tokenizer's)."""
     if tc.model.vocab_size is not None:
         return tc.model
     return dataclasses.replace(tc.model, vocab_size=VOCAB_SIZES[tc.tokenizer])

@@ -19,7 +19,6 @@ import hashlib
 import json
 import math
 import re
-import time
 from pathlib import Path
 from typing import Iterable
 
@@ -28,7 +27,6 @@ from nodelm_lib.config import TrainConfig, from_dict
 # a store names a record by its 16-hex-digit config hash; other names (a notebook's named
 # records, a run's out_dir/record.json) are checked for everything but the name
 HASH_NAME = re.compile(r"[0-9a-f]{16}")
-QUARANTINE = "quarantine"
 DIGEST_KEY = "digest"
 
 
@@ -135,17 +133,8 @@ def verify_record(record, path: str | Path) -> None:
 
 
 def _check_final_losses(record, tc: TrainConfig, path: Path) -> None:
-    """A completed record's final train loss is the mean of its last steps' losses and, unless
-    the final validation loss was scored on the whole split, the last evaluation's loss."""
-    from .state import _final_train_loss  # train imports this module
-
-    final = record.final
-    checks = []
-    if record.metrics and "train_loss" in final:
-        checks.append(("final train_loss", final["train_loss"], _final_train_loss(record.metrics)))
-    if record.evals and "val_loss" in final and tc.eval_on != "whole_split_at_end":
-        checks.append(("final val_loss", final["val_loss"], record.evals[-1]["val_loss"]))
-    for name, value, expected in checks:
+    """A completed record's final losses must be where its own curves end (``RunRecord.curve_ends``)."""
+    for name, value, expected in record.curve_ends(tc.eval_on):
         same = value == expected or (isinstance(value, float) and math.isnan(value) and math.isnan(expected))
         if not same:
             raise RecordError(f"{path}: its {name} is {value!r}, but its own curve ends at {expected!r}: the record "
@@ -168,74 +157,3 @@ def read_evaluations_file(path: str | Path) -> dict:
         raise RecordError(f"{path}: the file is named for run {path.stem} but holds evaluations of run "
                           f"{data['config_hash']}; {what_to_do(path)}")
     return data
-
-
-# --------------------------------------------------------------------------- whole stores
-
-
-def _store_files(root: Path, pattern: str) -> list[Path]:
-    return sorted(p for p in root.rglob(pattern) if QUARANTINE not in p.relative_to(root).parts)
-
-
-def check_file(path: Path) -> str | None:
-    """What is wrong with the stored file ``path`` (a record, an evaluations file or a
-    checkpoint), or None if nothing is."""
-    from .model_files import load_torch_file
-    from .record import RunRecord
-
-    try:
-        if path.suffix == ".pt":
-            load_torch_file(path, "checkpoint")
-        elif path.parent.name == "evaluations":
-            read_evaluations_file(path)
-        else:
-            verify_record(RunRecord.from_json(path), path)
-    except (RecordError, CheckpointError) as err:
-        return str(err)
-    return None
-
-
-def _roots(store: str | Path | None, checkpoints: str | Path | None) -> list[tuple[Path, str]]:
-    roots = [(Path(p), pattern) for p, pattern in ((store, "*.json"), (checkpoints, "*.pt")) if p is not None]
-    if not roots:
-        raise ValueError("give a store (the folder of run records) and/or --checkpoints (a folder of checkpoints)")
-    for root, _ in roots:
-        if not root.is_dir():
-            raise FileNotFoundError(f"no folder {root}")
-    return roots
-
-
-def store_files(store: str | Path | None, checkpoints: str | Path | None = None) -> list[tuple[Path, Path]]:
-    """(tree, file) for every file ``check_store`` checks: the records and evaluations of
-    ``store`` (in sub-folders too) and every ``*.pt`` below ``checkpoints``; ``quarantine/``
-    folders are left out."""
-    return [(root, path) for root, pattern in _roots(store, checkpoints) for path in _store_files(root, pattern)]
-
-
-def check_store(store: str | Path | None, checkpoints: str | Path | None = None) -> list[tuple[Path, str]]:
-    """Every bad file of ``store_files``, as (path, what is wrong)."""
-    return [(path, problem) for _, path in store_files(store, checkpoints) if (problem := check_file(path)) is not None]
-
-
-def quarantine_path(path: Path, root: Path) -> Path:
-    """Where ``quarantine`` moves ``path`` of the tree ``root``: ``root/quarantine/<same
-    relative path>``, with a time stamp where that name is taken."""
-    target = root / QUARANTINE / path.relative_to(root)
-    if target.exists():
-        target = target.with_name(f"{target.stem}.{time.strftime('%Y%m%d-%H%M%S')}{target.suffix}")
-    return target
-
-
-def quarantine(store: str | Path | None, checkpoints: str | Path | None = None) -> list[tuple[Path, Path, str]]:
-    """Move every bad file of ``check_store`` aside, under ``quarantine/`` in its own tree, so
-    that the runs they stood for train again; returns (from, to, what was wrong) per file."""
-    moved = []
-    for root, path in store_files(store, checkpoints):
-        problem = check_file(path)
-        if problem is None:
-            continue
-        target = quarantine_path(path, root)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        path.rename(target)
-        moved.append((path, target, problem))
-    return moved

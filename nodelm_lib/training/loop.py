@@ -49,10 +49,10 @@ from .distributed import SINGLE, Context
 from .evaluation import (activation_bytes, batch_tokens, eval_batches, evaluate, final_eval_batches,
                          split_tokens, with_tokenizer_vocab)
 from .flops import forward_flops_per_token
-from .optim import _grad_norms, clip_gradients, lr_at, make_optimizer
+from .optim import clip_gradients, lr_at, make_optimizer, measure_gradients
 from .profiling import keep_freed_memory
-from .record import CHECKPOINT_NAME, RECORD_NAME, NonFiniteError, RunRecord, check_learned
-from .state import (_final_train_loss, load_parent_weights, load_training_state, save_training_state)
+from .record import CHECKPOINT_NAME, RECORD_NAME, NonFiniteError, RunRecord, check_learned, final_train_loss
+from .state import load_parent_weights, load_training_state, save_training_state
 
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,9 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     Launched by ``torchrun`` with several processes, every process calls this and trains its
     share of each global batch (``distributed.py``); all return the same record, rank 0 alone
     writes files and shows progress, and ``callback`` runs on every rank.
+
+    ``tc`` may be unfinished (``model.vocab_size`` unset): it is finished here, once
+    (``with_tokenizer_vocab``), and what this calls takes it finished.
     """
     t_start = time.perf_counter()
     check_folder("out_dir", tc.out_dir)
@@ -202,12 +205,12 @@ def _new_record(tc: TrainConfig, model: CausalLM, local_batch: int, probe, autoc
 
 def _final_losses(tc: TrainConfig, model: CausalLM, record: RunRecord, val_batches, autocast, device,
                   ctx: Context) -> dict:
-    """The trained model's final losses: train (``_final_train_loss``), validation on the
+    """The trained model's final losses: train (``final_train_loss``), validation on the
     profile's final batches (the last evaluation's, where they are the curve's batches) and,
     with ``score_test``, test, computed once, here."""
     final_val_batches = final_eval_batches(tc, "validation", val_batches)
     final = {
-        "train_loss": _final_train_loss(record.metrics),
+        "train_loss": final_train_loss(record.metrics),
         "val_loss": (record.evals[-1]["val_loss"] if final_val_batches is val_batches
                      else evaluate(model, final_val_batches, device, autocast, ctx)),
         "val_tokens": batch_tokens(final_val_batches),
@@ -253,7 +256,7 @@ def train_step(model, step_model, optimizer, tc, step, train_tokens, batch_gen, 
         raise NonFiniteError(f"non-finite loss ({loss_value}) at step {step + 1}", record)
     optimizer.zero_grad(set_to_none=True)
     (loss if penalty is None else loss + penalty).backward()
-    norms, grads, per_tensor = _grad_norms(model, groups)
+    norms, grads, per_tensor = measure_gradients(model, groups)
     if not math.isfinite(norms["grad_norm"]):
         bad = [g for g, v in norms.items() if not math.isfinite(v)]
         raise NonFiniteError(f"non-finite gradient at step {step + 1} in {', '.join(bad)}", record)

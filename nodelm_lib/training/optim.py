@@ -37,11 +37,12 @@ def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW
 
 def grad_norms(model: CausalLM, groups: dict[str, list[str]]) -> dict[str, float]:
     """L2 norm of the gradient, in total and per module group (before clipping)."""
-    return _grad_norms(model, groups)[0]
+    return measure_gradients(model, groups)[0]
 
 
-def _grad_norms(model: CausalLM, groups: dict[str, list[str]]) -> tuple[dict[str, float], list, list]:
-    """``grad_norms``, the gradients and their norms (tensors), for ``clip_gradients``."""
+def measure_gradients(model: CausalLM, groups: dict[str, list[str]]) -> tuple[dict[str, float], list, list]:
+    """``grad_norms``, the gradients and their per-tensor norms (tensors), from one read of the
+    gradients: what a training step logs and what ``clip_gradients`` then needs."""
     named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
     if not named:
         raise RuntimeError("no parameter has a gradient: was backward() called?")

@@ -1,5 +1,6 @@
 """The record of one run (``RunRecord``: config, hash, metrics, final losses, costs, environment),
-its JSON form with a digest, and what a finished run is checked for (``check_learned``)."""
+its JSON form with a digest, what its final train loss is (``final_train_loss``) and what a
+finished run is checked for (``check_learned``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 
 from nodelm_lib.config import TrainConfig, from_dict
 from nodelm_lib.files import atomic_write_text
@@ -30,6 +32,13 @@ class NonFiniteError(RuntimeError):
     def __init__(self, message: str, record: "RunRecord"):
         super().__init__(message)
         self.record = record
+
+
+def final_train_loss(metrics: list[dict]) -> float:
+    """Mean training loss over the last 10% of steps (at least 1, at most 50): one step's
+    loss is too noisy to compare runs by."""
+    n = max(1, min(50, len(metrics) // 10))
+    return float(np.mean([row["loss"] for row in metrics[-n:]]))
 
 
 @dataclass
@@ -89,6 +98,18 @@ class RunRecord:
         fields = [f for f in dataclasses.fields(cls) if f.metadata.get("stored", True)]
         required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         return cls(**integrity.parse_record(text, path, [f.name for f in fields], required))
+
+    def curve_ends(self, eval_on: str) -> list[tuple[str, float, float]]:
+        """(name, stored value, where its own curve ends) of each final loss that a curve defines:
+        the train loss (``final_train_loss`` of the metrics) and, unless the final validation loss
+        was scored on the whole split (``eval_on="whole_split_at_end"``), the last evaluation's.
+        ``integrity.verify_record`` checks a completed record's against each other."""
+        ends = []
+        if self.metrics and "train_loss" in self.final:
+            ends.append(("final train_loss", self.final["train_loss"], final_train_loss(self.metrics)))
+        if self.evals and "val_loss" in self.final and eval_on != "whole_split_at_end":
+            ends.append(("final val_loss", self.final["val_loss"], self.evals[-1]["val_loss"]))
+        return ends
 
 
 class AboveUniformWarning(UserWarning):

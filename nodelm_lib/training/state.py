@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from nodelm_lib.config import TrainConfig, to_dict
@@ -98,9 +97,3 @@ def load_parent_weights(model: CausalLM, tc: TrainConfig) -> None:
                          f"a fine-tuning run may change only {', '.join(DEPTH_FIELDS)}")
     model.load_state_dict(state["model"])
 
-
-def _final_train_loss(metrics: list[dict]) -> float:
-    """Mean training loss over the last 10% of steps (at least 1, at most 50): one step's
-    loss is too noisy to compare runs by."""
-    n = max(1, min(50, len(metrics) // 10))
-    return float(np.mean([row["loss"] for row in metrics[-n:]]))
