@@ -82,3 +82,29 @@ def test_bad_regulariser_options_are_named(ode, message):
 def test_compile_with_a_regulariser_is_refused():
     with pytest.raises(ValueError, match="compile=True with the flow regularisers .* is not supported"):
         nl.TrainConfig(model=model_config("node", kinetic_weight=1.0), seq_len=16, compile=True)
+
+
+def test_the_training_flops_count_the_mean_grid_and_the_jacobian_vjps():
+    from nodelm_lib.training.flops import forward_flops_per_token, training_forward_flops_per_token
+
+    model = nl.build_model(model_config("node")).eval()
+
+    def at(n: int) -> float:
+        model.set_ode(n_steps=n)
+        return forward_flops_per_token(model, 16, 2)
+
+    plain = model_config("node").ode
+    assert training_forward_flops_per_token(model, plain, 16, 2) == 0.0  # the same as the evaluation count
+    grids = nl.ODEConfig(n_steps=3, grid_min_steps=2, grid_max_steps=6)
+    assert training_forward_flops_per_token(model, grids, 16, 2) == pytest.approx((at(2) + at(6)) / 2)
+    assert training_forward_flops_per_token(model, grids, 16, 2) == pytest.approx(at(4))  # linear in the steps
+    jacobian = nl.ODEConfig(n_steps=3, jacobian_weight=1.0)
+    per_step = at(4) - at(3)
+    assert training_forward_flops_per_token(model, jacobian, 16, 2) == pytest.approx(at(3) + 3 * 2 * per_step)
+    model.set_ode(n_steps=3)
+
+
+def test_a_run_records_its_training_flops():
+    record = run(grid_min_steps=4, grid_max_steps=8)  # 6 steps on average, 3 in evaluation
+    assert record.step_flops_per_token == record.train_flops_per_token > record.flops_per_token
+    assert run().train_flops_per_token == 0.0

@@ -82,7 +82,7 @@ def train_flops(run: Run, flops_per_token: float | None = None) -> float:
     ``flops_per_token``) over its ``max_steps``: 3 x forward FLOPs per token x tokens."""
     tc = run.train_config if isinstance(run, RunRecord) else run
     if flops_per_token is None:
-        flops_per_token = run.flops_per_token if isinstance(run, RunRecord) else forward_flops(tc)
+        flops_per_token = run.step_flops_per_token if isinstance(run, RunRecord) else forward_flops(tc)
     return training_flops(flops_per_token, tc.max_steps * tc.batch_size * tc.seq_len)
 
 

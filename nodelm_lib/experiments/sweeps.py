@@ -305,7 +305,7 @@ def curves(base: TrainConfig, arms: dict[str, dict[str, Any]], seeds: Iterable[i
             raise FileNotFoundError(f"no finished record of arm {name!r} seed {seed} in {store}; run the sweep first")
         tokens_per_step = tc.batch_size * tc.seq_len
         rows += [{"arm": name, "seed": seed, "step": e["step"], "tokens": e["step"] * tokens_per_step,
-                  "train_flops": training_flops(record.flops_per_token, e["step"] * tokens_per_step),
+                  "train_flops": training_flops(record.step_flops_per_token, e["step"] * tokens_per_step),
                   "train_time_s": e.get("train_time_s", math.nan), "val_loss": e["val_loss"]} for e in record.evals]
     return pd.DataFrame(rows)
 

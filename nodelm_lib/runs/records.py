@@ -34,7 +34,7 @@ def record_row(record: RunRecord, arm: str | None = None) -> dict:
         "activation_mb": record.activation_mb, "lr": tc.lr,
         "val_tokens": final.get("val_tokens", math.nan), "test_tokens": final.get("test_tokens", math.nan),
         "train_time_s": record.train_time_s, "wall_time_s": record.wall_time_s, "steps": steps,
-        "train_flops": training_flops(record.flops_per_token, steps * tc.batch_size * tc.seq_len),
+        "train_flops": training_flops(record.step_flops_per_token, steps * tc.batch_size * tc.seq_len),
         **record_provenance(record),
     }
     whole = tc.eval_on in ("whole_split", "whole_split_at_end")  # both score the final losses on whole splits

@@ -10,6 +10,9 @@ import torch
 from nodelm_lib.config import ModelConfig, TrainConfig
 from nodelm_lib.data import CharTokenizer, GPT2Tokenizer
 from nodelm_lib.models import build_model
+from nodelm_lib.models.common import ODEBlock
+from nodelm_lib.ode.regularisers import regulariser_flops
+from nodelm_lib.ode.tableaus import TABLEAUS
 
 # the tokenizers' vocabulary sizes from their classes' constants (constructing the GPT-2
 # tokenizer would load tiktoken's files, which counting FLOPs should not need)
@@ -46,6 +49,43 @@ def forward_flops_per_token(model: torch.nn.Module, seq_len: int, batch_size: in
     per_pass = one - per_sequence
     return (per_pass + batch_size * per_sequence) / (batch_size * seq_len)
 
+
+
+def training_forward_flops_per_token(model: torch.nn.Module, ode, seq_len: int, batch_size: int = 1) -> float:
+    """Forward FLOPs per token of a training step of ``model`` whose ODE blocks train with ``ode``
+    (an ``ODEConfig``), where that differs from the evaluation count on the ``ode`` grid; else 0.
+
+    - Random training grids: the mean over the drawn step counts, uniform on [min, max]; a count
+      is linear in the steps (every step evaluates the field the same number of times), so the
+      mean is the count at the mean number of steps, from the counts at min and max.
+    - The Jacobian regulariser: one vector-Jacobian product per step point, about two field
+      evaluations (``ode.regularisers.regulariser_flops``, elementwise work left out as here). The
+      kinetic term is elementwise only: it adds none.
+    """
+    grids = ode.training_grids()
+    if grids is None and ode.jacobian_weight == 0:
+        return 0.0
+    low, high = (grids.min_steps, grids.max_steps) if grids is not None else (ode.n_steps, ode.n_steps)
+    blocks = [m for m in model.modules() if isinstance(m, ODEBlock)]
+    trained = [block.ode for block in blocks]
+
+    def at(n_steps: int) -> float:
+        for block in blocks:
+            block.ode = dataclasses.replace(block.ode, n_steps=n_steps)
+        return forward_flops_per_token(model, seq_len, batch_size)
+
+    try:
+        at_low, at_next = at(low), at(high if high > low else low + 1)
+    finally:
+        for block, config in zip(blocks, trained):
+            block.ode = config
+    per_step = (at_next - at_low) / max(high - low, 1)  # one step's field evaluations (all its stages)
+    mean_steps = (low + high) / 2
+    total = at_low + per_step * (mean_steps - low)
+    if ode.jacobian_weight > 0:  # per step point, one vjp of one field evaluation (a step's first stage)
+        field_flops = per_step / TABLEAUS[ode.method].n_stages  # the regularisers need a Runge-Kutta method
+        total += mean_steps * regulariser_flops(field_flops, kinetic=False, jacobian=True)
+    return total
 
 
 def _forward_flops(model: torch.nn.Module, seq_len: int, batch_size: int) -> int:

@@ -48,7 +48,7 @@ from .device import (check_dtype_supported, compile_for, enable_tf32, environmen
 from .distributed import SINGLE, Context
 from .evaluation import (activation_bytes, batch_tokens, eval_batches, evaluate, final_eval_batches,
                          split_tokens, with_tokenizer_vocab)
-from .flops import forward_flops_per_token
+from .flops import forward_flops_per_token, training_forward_flops_per_token
 from .optim import clip_gradients, lr_at, make_optimizer, measure_gradients
 from .profiling import keep_freed_memory
 from .record import CHECKPOINT_NAME, RECORD_NAME, NonFiniteError, RunRecord, check_learned, final_train_loss
@@ -197,6 +197,7 @@ def _new_record(tc: TrainConfig, model: CausalLM, local_batch: int, probe, autoc
         config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed,
         params={"total": model.num_params(), "non_embedding": model.num_params(non_embedding=True)},
         flops_per_token=forward_flops_per_token(model, tc.seq_len, local_batch), flops_batch_size=local_batch,
+        train_flops_per_token=training_forward_flops_per_token(model, tc.model.ode, tc.seq_len, local_batch),
         environment=environment(device, ctx),
     )
     record.activation_mb = activation_bytes(model, *probe, autocast) / 2**20

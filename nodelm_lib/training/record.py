@@ -57,6 +57,9 @@ class RunRecord:
     # the sequences per forward pass that flops_per_token was counted at: this process's share of
     # the batch (records written before the count took a batch have 1, the count at one sequence)
     flops_batch_size: int = 1
+    # forward FLOPs per token of a training step where it differs from flops_per_token (random
+    # training grids, flow regularisers: flops.training_forward_flops_per_token); 0: the same
+    train_flops_per_token: float = 0.0
     wall_time_s: float = 0.0
     train_time_s: float = 0.0
     tokens_per_s: float = 0.0
@@ -77,6 +80,11 @@ class RunRecord:
     @property
     def train_config(self) -> TrainConfig:
         return from_dict(TrainConfig, self.config)
+
+    @property
+    def step_flops_per_token(self) -> float:
+        """Forward FLOPs per token of the run's training steps (its 3x is the training cost)."""
+        return self.train_flops_per_token or self.flops_per_token
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The record as JSON, with a digest of its contents (``integrity.digest``) that
