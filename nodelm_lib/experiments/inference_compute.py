@@ -1,0 +1,213 @@
+"""Notebook 09's experiment: loss against inference compute. Can a continuous-depth model trade
+compute for loss at inference, as a stack of layers cannot?
+
+A continuous-depth model's depth is a solver setting: the same weights solved with fewer steps
+when cheap is enough, more steps or an adaptive solver when accuracy matters. A model trained on
+one grid learns that grid's map (03's depth transfer: solved at another step count it loses
+0.3-0.4 nats); one trained on grids drawn afresh each step (``ODEConfig.grid_*``) must work on all
+of them. This module builds the arms, evaluates every trained run at every solver setting (each
+point kept beside the run's record, so a clone without the weights reads the curves back), and
+compares the curves:
+
+- ``compute_arms``: each continuous arch trained on its fixed grid (the arm of notebook 02: same
+  config, same stored runs) and on random grids, one arch also with the flow regularisers;
+- ``anytime_curves``: loss, NFE per token and ms per token of every run at every setting;
+- ``curve_table`` / ``budget_tests`` / ``area_tests``: the curves with 95% CIs over seeds, paired
+  tests at each NFE budget against a reference arm (and against ``gpt`` at its own depth), and the
+  area under each run's loss-vs-NFE curve, Holm-corrected together by the notebook.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+import torch
+
+from nodelm_lib.analysis.anytime import SolveSetting, anytime_area, anytime_profile, evaluate_settings
+from nodelm_lib.config import ModelConfig, with_values
+from nodelm_lib.reporting.stats import mean_ci, paired_test
+from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, evaluations_store,
+                                   read_evaluations, write_evaluations)
+from nodelm_lib.training.evaluation import final_eval_batches
+from nodelm_lib.training.record import RunRecord
+
+from .sweeps import with_weights_where_missing
+
+RANDOM, REGULARISED = "random", "reg"  # the suffixes of the arms trained on random grids, and regularised
+
+
+def compute_arms(fixed: Mapping[str, Mapping[str, Any]], random_steps: tuple[int, int] | None = None,
+                 regularised: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, dict[str, Any]]:
+    """The arms of notebook 09 from ``fixed`` (arms as ``protocol.architecture_arms`` gives them:
+    ``{name: {"model": ModelConfig}}``): each arm as it is (trained on its own grid: a notebook
+    02 arm keeps its config and so its stored runs), and, for every arm with an ODE block, the same
+    model trained on random grids of ``random_steps`` = (min, max) steps, named ``"<arm> random"``.
+    ``regularised`` maps an arm to flow-regulariser weights (``{"node": {"kinetic_weight": 0.01,
+    "jacobian_weight": 0.01}}``) for a ``"<arm> reg"`` arm: random grids plus the regularisers."""
+    arms = {name: dict(arm) for name, arm in fixed.items()}
+    for name, arm in fixed.items():
+        model: ModelConfig = arm["model"]
+        if random_steps is not None and _has_ode_block(model):
+            arms[f"{name} {RANDOM}"] = {**arm, "model": _on_random_grids(model, random_steps)}
+    for name, weights in (regularised or {}).items():
+        if name not in fixed:
+            raise ValueError(f"regularised arm {name!r} is none of the arms {', '.join(map(repr, fixed))}")
+        if random_steps is None:
+            raise ValueError("a regularised arm trains on random grids: give random_steps")
+        model = _on_random_grids(fixed[name]["model"], random_steps)
+        arms[f"{name} {REGULARISED}"] = {**fixed[name], "model": with_values(model, {f"ode.{k}": v for k, v in weights.items()})}
+    return arms
+
+
+def _has_ode_block(model: ModelConfig) -> bool:
+    from nodelm_lib.models import build_model
+    from nodelm_lib.models.common import ODEBlock
+
+    with torch.device("meta"):
+        return any(isinstance(m, ODEBlock) for m in build_model(dataclasses.replace(model, vocab_size=model.vocab_size or 1)).modules())
+
+
+def _on_random_grids(model: ModelConfig, steps: tuple[int, int]) -> ModelConfig:
+    low, high = steps
+    return with_values(model, {"ode.grid_min_steps": low, "ode.grid_max_steps": high})
+
+
+# --------------------------------------------------------------------------- evaluation at every setting
+
+
+def point_key(setting: SolveSetting, split: str, max_batches: int | None) -> str:
+    """The name of one curve point among a run's stored evaluations."""
+    return f"anytime {setting.label} {split} " + ("all" if max_batches is None else f"first {max_batches}")
+
+
+def anytime_curve(record: RunRecord, settings: Iterable[SolveSetting], split: str = "test",
+                  max_batches: int | None = None, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+                  store: str | Path | None = None, device: str = "cpu") -> pd.DataFrame:
+    """One row per setting: ``loss`` of the run's final model over its own fixed evaluation batches
+    of ``split`` (the first ``max_batches``), ``nfe`` and ``ms_per_token``. Points stored beside the
+    record (``store``) are read back; the others need the final model on disk and are stored."""
+    settings = list(settings)
+    if store is not None:
+        store = evaluations_store(record, store, checkpoints)
+    stored = read_evaluations(record, store) if store is not None else {}
+    missing = [s for s in settings if point_key(s, split, max_batches) not in stored]
+    if missing:
+        stored = {**stored, **_evaluate(record, missing, split, max_batches, checkpoints, device)}
+        if store is not None:
+            write_evaluations(record, stored, store)
+    rows = [{"config_hash": record.config_hash, "seed": record.seed, "setting": s.label, "method": s.method,
+             "n_steps": s.n_steps, "rtol": s.rtol, "adaptive": s.adaptive,
+             **stored[point_key(s, split, max_batches)]} for s in settings]
+    return pd.DataFrame(rows)
+
+
+def curve_missing(record: RunRecord, settings: Iterable[SolveSetting], split: str = "test",
+                  max_batches: int | None = None, store: str | Path = DEFAULT_STORE) -> bool:
+    """Whether ``anytime_curve`` of ``record`` needs the run's weights: some point is not stored."""
+    stored = read_evaluations(record, store)
+    return any(point_key(s, split, max_batches) not in stored for s in settings)
+
+
+def _evaluate(record: RunRecord, settings: list[SolveSetting], split: str, max_batches: int | None, checkpoints,
+              device: str) -> dict[str, dict]:
+    from nodelm_lib.training.model_files import load_model
+
+    path = checkpoint_path(record.config_hash, checkpoints)
+    if not path.exists():
+        raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}, and no stored evaluation of it "
+                                f"at {settings[0].label}; train it with run(..., need_checkpoint=True)")
+    model = load_model(path, device=device)
+    batches = final_eval_batches(record.train_config, split)[:max_batches]
+    table = evaluate_settings(model, batches, settings, device)
+    return {point_key(s, split, max_batches): {k: float(row[k]) for k in ("loss", "nfe", "ms_per_token")}
+            for s, (_, row) in zip(settings, table.iterrows())}
+
+
+def anytime_curves(models: Iterable[tuple[str, RunRecord]], settings: Iterable[SolveSetting], split: str = "test",
+                   max_batches: int | None = None, device: str = "cpu", store: str | Path = DEFAULT_STORE,
+                   checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, workers: int = 1,
+                   progress: bool = False, launcher=None) -> pd.DataFrame:
+    """``anytime_curve`` of every (arm, record) of ``models``, one table with an ``arm`` column. A run
+    whose curve is not all stored and whose final model is not on disk is trained again first
+    (deterministic: on the same kind of CPU, to the same numbers)."""
+    models, settings = list(models), list(settings)
+    records = with_weights_where_missing(models, lambda r: curve_missing(r, settings, split, max_batches, store),
+                                         store, checkpoints, isolate, workers, progress, launcher)
+    return pd.concat([anytime_curve(record, settings, split, max_batches, checkpoints, store, device).assign(arm=arm)
+                      for (arm, _), record in zip(models, records)], ignore_index=True)
+
+
+# --------------------------------------------------------------------------- tables and tests
+
+
+def curve_table(curves: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """Per arm and setting: the mean loss over seeds with its ``confidence`` CI (t), the mean NFE
+    per token and ms per token, and the number of seeds."""
+    rows = []
+    for (arm, setting), group in curves.groupby(["arm", "setting"], sort=False):
+        ci = mean_ci(group["loss"].to_numpy(), confidence)
+        rows.append({"arm": arm, "setting": setting, "adaptive": bool(group["adaptive"].iloc[0]),
+                     "nfe": group["nfe"].mean(), "loss": ci["mean"], "ci_low": ci["ci_low"], "ci_high": ci["ci_high"],
+                     "ms_per_token": group["ms_per_token"].mean(), "n_seeds": len(group)})
+    return pd.DataFrame(rows)
+
+
+def profiles(curves: pd.DataFrame, budgets: Iterable[float]) -> pd.DataFrame:
+    """Every run's anytime profile (the best loss within each NFE budget, ``anytime_profile``): one
+    row per (arm, seed, budget)."""
+    budgets = list(budgets)
+    rows = []
+    for (arm, seed), run in curves.groupby(["arm", "seed"], sort=False):
+        for budget, loss in anytime_profile(run, budgets).items():
+            rows.append({"arm": arm, "seed": seed, "budget": budget, "loss": loss})
+    return pd.DataFrame(rows, columns=["arm", "seed", "budget", "loss"])
+
+
+def budget_tests(curves: pd.DataFrame, budgets: Iterable[float], reference: str,
+                 points: pd.DataFrame | None = None, confidence: float = 0.95) -> pd.DataFrame:
+    """Paired tests (by seed) of every arm's anytime loss at each NFE budget against ``reference``'s
+    (an arm of ``curves``, e.g. the weight-tied loop), and, given ``points`` (one row per seed of a
+    fixed-depth model: ``arm``, ``seed``, ``loss``, ``nfe``), against each such model at its own
+    depth (a budget equal to its NFE). ``mean_diff`` < 0: the arm is better. p values uncorrected:
+    ``comparisons.holm_family`` corrects over the notebook's family."""
+    table = profiles(curves, budgets)
+    rows = []
+    for budget, at_budget in table.groupby("budget"):
+        losses = at_budget.pivot(index="seed", columns="arm", values="loss")
+        for arm in losses.columns:
+            if arm != reference and reference in losses:
+                rows.append(_test(arm, reference, budget, losses[arm], losses[reference], confidence))
+    for name, point in (points.groupby("arm", sort=False) if points is not None else []):
+        budget = float(point["nfe"].iloc[0])
+        at_budget = profiles(curves, [budget]).pivot(index="seed", columns="arm", values="loss")
+        reference_losses = point.set_index("seed")["loss"]
+        for arm in at_budget.columns:
+            rows.append(_test(arm, name, budget, at_budget[arm], reference_losses, confidence))
+    return pd.DataFrame(rows)
+
+
+def area_tests(curves: pd.DataFrame, low: float, high: float, reference: str, confidence: float = 0.95) -> pd.DataFrame:
+    """Each run's area under its loss-vs-NFE curve from ``low`` to ``high`` NFE (``anytime_area``:
+    the mean loss over that range in log2 NFE), compared by seed with ``reference``'s."""
+    areas = (curves.groupby(["arm", "seed"], sort=False)
+             .apply(lambda run: anytime_area(run, low, high), include_groups=False).unstack("arm"))
+    return pd.DataFrame([_test(arm, reference, f"area {low:g}-{high:g}", areas[arm], areas[reference], confidence)
+                         for arm in areas.columns if arm != reference])
+
+
+def _test(arm: str, reference: str, budget, a: pd.Series, b: pd.Series, confidence: float) -> dict:
+    """A paired test of ``a`` against ``b`` over the seeds both have (a budget below an arm's
+    cheapest setting leaves it NaN: no test)."""
+    both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
+    base = {"arm": arm, "reference": reference, "budget": budget, "n": len(both)}
+    if len(both) < 2:
+        return {**base, **{k: math.nan for k in TEST_COLUMNS}}
+    test = paired_test(both["a"].to_numpy(), both["b"].to_numpy(), confidence)
+    return {**base, **{k: test[k] for k in TEST_COLUMNS}}
+
+
+TEST_COLUMNS = ("mean_diff", "ci_low", "ci_high", "p_t", "p_wilcoxon")

@@ -1,0 +1,93 @@
+"""Notebook 09's experiment (experiments/inference_compute.py): its arms, its stored curves, and its
+tests at NFE budgets, checked on synthetic curves whose answers are known and on a tiny trained run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+
+import nodelm_lib as nl
+from nodelm_lib.analysis.anytime import SolveSetting
+from nodelm_lib.experiments import inference_compute as ic
+from nodelm_lib.runs import store as run_store
+
+
+def base_model(arch: str) -> nl.ModelConfig:
+    return nl.config.for_arch(nl.ModelConfig(vocab_size=256, d_model=16, n_heads=2, n_layers=2, max_seq_len=16), arch)
+
+
+def test_the_arms_keep_the_fixed_ones_and_add_random_grids_and_a_regularised_one():
+    fixed = {a: {"model": base_model(a)} for a in ("gpt", "node", "ti_mlp")}
+    arms = ic.compute_arms(fixed, random_steps=(1, 6), regularised={"node": {"kinetic_weight": 0.1}})
+    assert list(arms) == ["gpt", "node", "ti_mlp", "node random", "ti_mlp random", "node reg"]
+    assert arms["node"]["model"] == fixed["node"]["model"]  # notebook 02's arm: its stored runs
+    random = arms["node random"]["model"].ode
+    assert (random.grid_min_steps, random.grid_max_steps, random.kinetic_weight) == (1, 6, 0.0)
+    assert arms["node reg"]["model"].ode.kinetic_weight == 0.1 and arms["node reg"]["model"].ode.grid_max_steps == 6
+    with pytest.raises(ValueError, match="regularised arm 'hybrid' is none of the arms 'gpt', 'node', 'ti_mlp'"):
+        ic.compute_arms(fixed, (1, 6), {"hybrid": {"kinetic_weight": 0.1}})
+
+
+def synthetic_curves(seeds=range(5)) -> pd.DataFrame:
+    """Two arms over NFE 1..8: 'flow' improves with NFE, 'loop' is flat; seed noise shared (paired)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for seed in seeds:
+        noise = rng.normal(0, 0.01)
+        for nfe in (1, 2, 4, 8):
+            rows.append({"arm": "flow", "seed": seed, "setting": f"euler {nfe}", "adaptive": False, "nfe": nfe,
+                         "loss": 2.0 - 0.1 * math.log2(nfe) + noise + rng.normal(0, 0.002), "ms_per_token": nfe})
+            rows.append({"arm": "loop", "seed": seed, "setting": f"euler {nfe}", "adaptive": False, "nfe": nfe,
+                         "loss": 2.0 + noise + rng.normal(0, 0.002), "ms_per_token": nfe})
+    return pd.DataFrame(rows)
+
+
+def test_budget_tests_are_paired_t_tests_of_the_anytime_profiles():
+    curves = synthetic_curves()
+    tests = ic.budget_tests(curves, [1, 4, 8], reference="loop")
+    assert tests["budget"].tolist() == [1, 4, 8] and (tests["arm"] == "flow").all()
+    best = curves[curves["nfe"] <= 8].groupby(["seed", "arm"])["loss"].min().unstack("arm")  # within the budget
+    expected = scipy.stats.ttest_rel(best["flow"], best["loop"])
+    row = tests[tests["budget"] == 8].iloc[0]
+    assert row["p_t"] == pytest.approx(expected.pvalue) and row["mean_diff"] == pytest.approx(-0.3, abs=0.01)
+
+
+def test_a_fixed_depth_model_is_compared_at_its_own_nfe():
+    curves = synthetic_curves()
+    gpt = pd.DataFrame({"arm": "gpt", "seed": range(5), "nfe": 4, "loss": [1.9, 1.91, 1.89, 1.9, 1.92]})
+    tests = ic.budget_tests(curves, [], reference="loop", points=gpt)
+    assert set(tests["arm"]) == {"flow", "loop"} and (tests["budget"] == 4).all() and (tests["reference"] == "gpt").all()
+    flow = tests[tests["arm"] == "flow"].iloc[0]
+    at4 = curves[(curves["nfe"] == 4) & (curves["arm"] == "flow")].set_index("seed")["loss"]
+    assert flow["mean_diff"] == pytest.approx((at4 - gpt.set_index("seed")["loss"]).mean())
+
+
+def test_areas_and_the_curve_table():
+    curves = synthetic_curves()
+    areas = ic.area_tests(curves, 1, 8, reference="loop")
+    # flow's profile: 2.0 - 0.1 log2(nfe) on [1, 8] in steps: mean over log2 of (2.0, 1.9, 1.8) on widths 1, 1, 1: 1.9
+    assert areas.iloc[0]["mean_diff"] == pytest.approx(-0.1, abs=0.01)
+    table = ic.curve_table(curves)
+    row = table[(table["arm"] == "flow") & (table["setting"] == "euler 8")].iloc[0]
+    ci = nl.reporting.stats.mean_ci(curves[(curves["arm"] == "flow") & (curves["nfe"] == 8)]["loss"])
+    assert row["loss"] == pytest.approx(ci["mean"]) and row["ci_low"] == pytest.approx(ci["ci_low"]) and row["n_seeds"] == 5
+
+
+def test_a_curve_is_stored_beside_its_record_and_read_back_without_the_weights(tmp_path):
+    tc = nl.TrainConfig(model=base_model("node"), batch_size=2, seq_len=16, max_steps=3, eval_interval=3,
+                        eval_batches=2, progress=False, device="cpu")
+    store, checkpoints = tmp_path / "runs", tmp_path / "checkpoints"
+    record = run_store.run(tc, store=store, checkpoints=checkpoints)
+    settings = [SolveSetting("euler", n_steps=1), SolveSetting("euler", n_steps=3), SolveSetting("dopri5", rtol=1e-2)]
+    first = ic.anytime_curve(record, settings, "validation", max_batches=1, checkpoints=checkpoints, store=store)
+    assert first["nfe"].tolist()[:2] == [1, 3] and not ic.curve_missing(record, settings, "validation", 1, store)
+    for path in checkpoints.rglob("*.pt"):
+        path.unlink()
+    again = ic.anytime_curve(record, settings, "validation", max_batches=1, checkpoints=checkpoints, store=store)
+    pd.testing.assert_frame_equal(first, again)
+    with pytest.raises(FileNotFoundError, match="no final model of run"):
+        ic.anytime_curve(record, [SolveSetting("euler", n_steps=5)], "validation", 1, checkpoints, store)
