@@ -5,7 +5,7 @@ in one run: the ratio that lets a loss-vs-NFE curve (notebook 09) be read as los
     python bench/nfe_cost.py --steps 4 16 --rounds 30 --out results/bench_nfe_cpu
 
 Each arm's ODE block is solved on its embedded input at ``--steps`` Euler steps (eval mode, no
-gradient, as ``analysis.anytime`` evaluates), and the time divided by the steps is one NFE: weights
+gradient, as ``experiments.anytime`` evaluates), and the time divided by the steps is one NFE: weights
 generated from t (``node``'s hypernetwork, the time-indexed gates) are made once per solve for every
 step's t and so are shared out over the steps, as they are at inference. The reference is one
 ``gpt`` block (attention + MLP) on the same activations. The arms take turns within each round

@@ -1,4 +1,4 @@
-"""Loss against inference compute (analysis/anytime.py): the NFE reported is the field's own count,
+"""Loss against inference compute (experiments/anytime.py): the NFE reported is the field's own count,
 a setting is restored after use, and the anytime profile and area are what their definitions give."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import nodelm_lib as nl
-from nodelm_lib.analysis import anytime
-from nodelm_lib.analysis.anytime import SolveSetting
+from nodelm_lib.experiments import anytime
+from nodelm_lib.experiments.anytime import SolveSetting
 
 
 def tiny(arch: str) -> nl.models.CausalLM:

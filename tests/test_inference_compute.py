@@ -11,7 +11,7 @@ import pytest
 import scipy.stats
 
 import nodelm_lib as nl
-from nodelm_lib.analysis.anytime import SolveSetting
+from nodelm_lib.experiments.anytime import SolveSetting
 from nodelm_lib.experiments import inference_compute as ic
 from nodelm_lib.runs import store as run_store
 

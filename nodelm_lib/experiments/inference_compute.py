@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 import torch
 
-from nodelm_lib.analysis.anytime import SolveSetting, anytime_area, anytime_profile, evaluate_settings
+from .anytime import SolveSetting, anytime_area, anytime_profile, evaluate_settings
 from nodelm_lib.config import ModelConfig, with_values
 from nodelm_lib.reporting.stats import mean_ci, paired_test
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, evaluations_store,
