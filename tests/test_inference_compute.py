@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
+import torch
 
 import nodelm_lib as nl
 from nodelm_lib.experiments.anytime import SolveSetting
@@ -91,3 +92,20 @@ def test_a_curve_is_stored_beside_its_record_and_read_back_without_the_weights(t
     pd.testing.assert_frame_equal(first, again)
     with pytest.raises(FileNotFoundError, match="no final model of run"):
         ic.anytime_curve(record, [SolveSetting("euler", n_steps=5)], "validation", 1, checkpoints, store)
+
+
+def test_a_stack_of_layers_is_scored_as_trained_at_its_depth_and_stored(tmp_path):
+    tc = nl.TrainConfig(model=base_model("gpt"), batch_size=2, seq_len=16, max_steps=3, eval_interval=3,
+                        eval_batches=2, progress=False, device="cpu")
+    store, checkpoints = tmp_path / "runs", tmp_path / "checkpoints"
+    record = run_store.run(tc, store=store, checkpoints=checkpoints)
+    points = ic.trained_points([("gpt", record)], "validation", 1, store=store, checkpoints=checkpoints, isolate=False)
+    assert points["nfe"].tolist() == [2.0] and points["setting"].tolist() == [ic.AS_TRAINED]
+    model = nl.load_model(checkpoints / record.config_hash)
+    batch = nl.training.evaluation.final_eval_batches(record.train_config, "validation")[0]
+    with torch.no_grad():
+        assert points["loss"].iloc[0] == pytest.approx(float(model(*batch)[1]), rel=1e-6)
+    for path in checkpoints.rglob("*.pt"):
+        path.unlink()
+    again = ic.trained_points([("gpt", record)], "validation", 1, store=store, checkpoints=checkpoints, isolate=False)
+    pd.testing.assert_frame_equal(points, again)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from nodelm_lib.models import CausalLM
 from nodelm_lib.generation.sampling import generate, solved_as
+from nodelm_lib.models.common import ODEBlock
 from nodelm_lib.ode import ADAPTIVE_METHODS
 from nodelm_lib.ode.tableaus import TABLEAUS
 
@@ -101,7 +102,7 @@ def _scored(model: CausalLM, batches: Sequence, device: torch.device, by_prefix:
                 logits, _ = model(x)
                 seconds += time.perf_counter() - start
                 losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view_as(y)
-                nfe = model.ode_stats()["nfe"]
+                nfe = model.ode_stats().get("nfe", 0)
                 rows += [(b, i, s, float(losses[i, s]), nfe) for i in range(y.shape[0]) for s in range(y.shape[1])]
                 continue
             for i in range(x.shape[0]):
@@ -135,6 +136,16 @@ def evaluate_settings(model: CausalLM, batches: Sequence, settings: Iterable[Sol
                      "rtol": setting.rtol, "adaptive": setting.adaptive, "nfe": tokens["nfe"].mean(),
                      "loss": tokens["loss"].mean(), "ms_per_token": 1e3 * seconds / len(tokens), "tokens": len(tokens)})
     return pd.DataFrame(rows)
+
+
+def score_as_trained(model: CausalLM, batches: Sequence, device: str | torch.device = "cpu") -> dict[str, float]:
+    """``loss``, ``nfe`` and ``ms_per_token`` of ``model`` as it was trained (one solve per batch):
+    for a stack of layers, whose only setting this is, ``nfe`` is its depth in blocks
+    (``cfg.n_layers``), each costing about one field evaluation of the same width."""
+    tokens, seconds = _scored(model, list(batches), torch.device(device), by_prefix=False)
+    has_ode = any(isinstance(m, ODEBlock) for m in model.modules())
+    nfe = tokens["nfe"].mean() if has_ode else float(model.cfg.n_layers)
+    return {"loss": float(tokens["loss"].mean()), "nfe": float(nfe), "ms_per_token": 1e3 * seconds / len(tokens)}
 
 
 def per_sequence_nfe(model: CausalLM, batches: Sequence, setting: SolveSetting,

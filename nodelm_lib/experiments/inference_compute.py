@@ -79,9 +79,14 @@ def _on_random_grids(model: ModelConfig, steps: tuple[int, int]) -> ModelConfig:
 # --------------------------------------------------------------------------- evaluation at every setting
 
 
-def point_key(setting: SolveSetting, split: str, max_batches: int | None) -> str:
+# the setting of a model solved as it was trained; for a stack of layers, the only one it has
+AS_TRAINED = "as trained"
+
+
+def point_key(setting: SolveSetting | str, split: str, max_batches: int | None) -> str:
     """The name of one curve point among a run's stored evaluations."""
-    return f"anytime {setting.label} {split} " + ("all" if max_batches is None else f"first {max_batches}")
+    label = setting if isinstance(setting, str) else setting.label
+    return f"anytime {label} {split} " + ("all" if max_batches is None else f"first {max_batches}")
 
 
 def anytime_curve(record: RunRecord, settings: Iterable[SolveSetting], split: str = "test",
@@ -125,6 +130,42 @@ def _evaluate(record: RunRecord, settings: list[SolveSetting], split: str, max_b
     table = evaluate_settings(model, batches, settings, device)
     return {point_key(s, split, max_batches): {k: float(row[k]) for k in ("loss", "nfe", "ms_per_token")}
             for s, (_, row) in zip(settings, table.iterrows())}
+
+
+def trained_points(models: Iterable[tuple[str, RunRecord]], split: str = "test", max_batches: int | None = None,
+                   device: str = "cpu", store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+                   isolate: bool = True, workers: int = 1, progress: bool = False, launcher=None) -> pd.DataFrame:
+    """Every run of ``models`` at the one setting a stack of layers has, as it was trained: ``loss``
+    on the same batches as the curves, ``nfe`` = its blocks per token (``n_layers``, one field
+    evaluation's worth each) and ``ms_per_token``: the fixed-depth points the curves are read
+    against (``gpt`` at its compute). Stored beside each record as the curves are."""
+    models = list(models)
+    key = lambda r: point_key(AS_TRAINED, split, max_batches)  # noqa: E731
+    records = with_weights_where_missing(models, lambda r: key(r) not in read_evaluations(r, store), store,
+                                         checkpoints, isolate, workers, progress, launcher)
+    rows = []
+    for (arm, _), record in zip(models, records):
+        where = evaluations_store(record, store, checkpoints)
+        stored = read_evaluations(record, where)
+        if key(record) not in stored:
+            stored = {**stored, key(record): _evaluate_as_trained(record, split, max_batches, checkpoints, device)}
+            write_evaluations(record, stored, where)
+        rows.append({"arm": arm, "config_hash": record.config_hash, "seed": record.seed, "setting": AS_TRAINED,
+                     **stored[key(record)]})
+    return pd.DataFrame(rows)
+
+
+def _evaluate_as_trained(record: RunRecord, split: str, max_batches: int | None, checkpoints, device: str) -> dict:
+    from nodelm_lib.training.model_files import load_model
+
+    from .anytime import score_as_trained
+
+    path = checkpoint_path(record.config_hash, checkpoints)
+    if not path.exists():
+        raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}, and no stored evaluation of "
+                                "it as trained; train it with run(..., need_checkpoint=True)")
+    model = load_model(path, device=device)
+    return score_as_trained(model, final_eval_batches(record.train_config, split)[:max_batches], device)
 
 
 def anytime_curves(models: Iterable[tuple[str, RunRecord]], settings: Iterable[SolveSetting], split: str = "test",
