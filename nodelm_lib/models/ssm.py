@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from nodelm_lib.config import ModelConfig
-from nodelm_lib.nn.decode_cache import active_cache
+from nodelm_lib.nn.decode_cache import active_cache, compiling
 from nodelm_lib.nn.frozen import Frozen, FrozenSSM, freeze_layer
 from nodelm_lib.nn.layers import CausalSelfAttention
 from nodelm_lib.nn.time_grid import GridPoint
@@ -139,7 +139,7 @@ class SelectiveSSM(nn.Module):
         (``common.differentiable_twice``: the Jacobian regulariser), the sequential scan."""
         if self.kernel not in (None, "triton"):
             raise ValueError(f"kernel={self.kernel!r} is not valid; choose None (the library's scan) or 'triton'")
-        if twice_differentiable():
+        if not compiling() and twice_differentiable():  # compiled training refuses the regularisers (TrainConfig)
             return functools.partial(scan_in_float32, selective_scan_reference)
         if self.kernel == "triton":
             return functools.partial(scan_in_float32, triton_selective_scan)
