@@ -503,7 +503,7 @@ CASES = {
     "yaml: a key given twice": (lambda: nl.load_yaml(_yaml("lr: 0.1\nlr: 0.2\n")), r"c.yaml: sets \['lr'\] twice"),
     "yaml: a model key given twice": (lambda: nl.load_yaml(_yaml("model:\n  d_model: 32\n  d_model: 64\n")), r"sets \['d_model'\] twice"),
     "model file with NaN weights": (lambda: warned(lambda: nl.load_model(model_file_with(lambda s: s["model"]["ln_f.weight"].fill_(NAN)))), r"model file .*model.pt holds 16 non-finite weight\(s\) \(NaN or inf\) in 1 tensor\(s\): ln_f.weight \(16\)"),
-    "profile store_profile outside the store": (lambda: store_of_profile("store_profile: ../../../../tmp/x\n"), r"store_profile='../../../../tmp/x' is not valid; it names another profile of 'nb'"),
+    "profile store_profile outside the store": (lambda: store_of_profile("store_profile: ../../../../tmp/x\n"), r"store_profile='../../../../tmp/x' is not valid; it names the run store this profile shares"),
     "profile key holding code": (lambda: a_profile('"x\\nopen(\'{root}/code_ran\', \'w\').close()\\ny": 1\n'), r"p.yaml: parameter name .x\\nopen\(.*is not valid; a parameter is a Python identifier"),
     "profile key not a parameter": (lambda: a_profile("z: 1\n"), r"nb.ipynb \[p\] sets 'z', which the notebook's parameters cell does not define; its parameters: x, y"),
     "model unknown keyword": (lambda: M(d_modle=32), r"ModelConfig has no field 'd_modle'; valid keys: arch, vocab_size, d_model"),

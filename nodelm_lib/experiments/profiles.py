@@ -17,6 +17,7 @@ import ast
 import difflib
 import json
 import keyword
+import re
 from pathlib import Path
 from typing import Any, Iterable, MutableMapping
 
@@ -66,10 +67,15 @@ def load_profile(notebook: str, profile: str) -> dict[str, Any]:
     path = params_dir() / notebook / f"{profile}.yaml"
     values = read_parameters_file(path)
     store = values.get("store_profile")
-    if store is not None and store not in names:  # a path here would put the store anywhere
-        raise ValueError(f"{path}: store_profile={store!r} is not valid; it names another profile of {notebook!r} "
-                         f"whose run store this one shares: one of {', '.join(map(repr, names))} (or null: its own)")
+    if store is not None and not (isinstance(store, str) and STORE_NAME.fullmatch(store)):  # a path: anywhere
+        raise ValueError(f"{path}: store_profile={store!r} is not valid; it names the run store this profile shares, "
+                         f"a folder under results/runs named for a profile (letters, digits, _ and -, e.g. "
+                         f"{names[0]!r}), or null for its own")
     return values
+
+
+# a run store's name: a profile's, one folder under results/runs (never a path)
+STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 def read_parameters_file(path: str | Path) -> dict[str, Any]:
