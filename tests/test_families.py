@@ -66,7 +66,7 @@ def attn_only():
     models.unregister_family("attn_only")
 
 
-def test_the_test_family_builds_and_is_causal(attn_only):
+def test_the_test_family_builds_is_causal_and_decodes(attn_only):
     torch.manual_seed(0)
     model = nl.build_model(attn_only).eval()
     assert isinstance(model, AttentionOnlyLM) and len(model.blocks) == 2
@@ -78,6 +78,10 @@ def test_the_test_family_builds_and_is_causal(attn_only):
         logits, _ = model(changed)
         torch.testing.assert_close(logits[:, :j], base[:, :j], rtol=0, atol=1e-6)
         assert (logits[:, j:] - base[:, j:]).abs().max() > 1e-6
+    # it decodes through its modules (no frozen form: no fast path), with the KV cache as without
+    prompt = idx[:, :4]
+    assert torch.equal(nl.generate(model, prompt, 8, temperature=0),
+                       nl.generate(model, prompt, 8, temperature=0, use_cache=False))
 
 
 def test_the_test_family_trains(attn_only):

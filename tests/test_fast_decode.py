@@ -139,7 +139,7 @@ def test_onednn_setting_is_restored():
 
 
 # --------------------------------------------------------------------------- a family of its own
-# The extension path of docs/development.md ("Add a model family"): a layer, a block, an ODE field
+# The extension path of docs/guides/adding-a-family.md ("Fast decoding"): a layer, a block, an ODE field
 # and a CausalLM that fast_decode has never heard of, each saying how it freezes.
 
 
