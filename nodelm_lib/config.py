@@ -46,8 +46,6 @@ def __getattr__(name: str) -> tuple[str, ...]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-MODULATIONS = ("time", "constant")
-INTEGRATIONS = ("ode", "residual")
 # how a model knows where a token is: a learned table added to the token embeddings, or rotary
 # embeddings (q and k rotated by their position in every attention layer, nothing learned)
 POSITIONS = ("learned", "rope")
@@ -305,14 +303,13 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check_types(self, "model.")
         family = families.get(self.arch)  # a ValueError listing the families
-        _check_choice("model.modulation", self.modulation, MODULATIONS)
-        _check_choice("model.integration", self.integration, INTEGRATIONS)
         _check_choice("model.position", self.position, POSITIONS)
         if self.vocab_size is not None:
             _check_positive("model.vocab_size", self.vocab_size)
-        for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "mlp_ratio", "time_hidden",
-                    "hyper_dim", "ssm_state_size"):
+        for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "mlp_ratio"):
             _check_positive(f"model.{key}", getattr(self, key))
+        for option in families.all_options().values():  # the families' own fields, whatever the arch
+            option.validate(getattr(self, option.name))
         for key in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len", "time_features", "time_hidden",
                     "hyper_dim", "ssm_state_size", "control_dim"):
             if getattr(self, key) is not None:
@@ -321,8 +318,6 @@ class ModelConfig:
             raise ValueError(f"model.mlp_ratio={self.mlp_ratio!r} is not valid: with model.d_model={self.d_model} the "
                              f"MLP's hidden width mlp_ratio * d_model = {self.mlp_ratio * self.d_model:g} is below one "
                              f"unit; it must be at least 1 (mlp_ratio >= 1 / d_model = {1 / self.d_model:g})")
-        if self.time_features < 2 or self.time_features % 2:
-            raise ValueError(f"model.time_features={self.time_features!r} is not valid; it must be an even number >= 2")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}"
@@ -333,7 +328,6 @@ class ModelConfig:
                              f"choose d_model and n_heads with an even quotient")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout!r} is not valid; it must be in [0, 1)")
-        _check_positive("model.control_dim", self.control_dim, allow_zero=True)
         self._check_family(family)
 
     def _check_family(self, family: families.Family) -> None:

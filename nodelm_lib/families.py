@@ -25,6 +25,8 @@ class Option:
     """A ``ModelConfig`` field that only some families read.
 
     ``default`` is the field's default in ``ModelConfig`` (registration checks that they agree).
+    ``check(value)`` says why a value is invalid (``None``: it is valid); every config is checked
+    against every registered family's options, since the fields are there whatever the arch.
     An ``exclusive`` option is refused at any other value by the families that do not declare it,
     and ``for_arch`` sets it back to ``default`` when it moves a config to such a family: a
     setting that would be silently ignored there would make two different runs look different.
@@ -34,8 +36,14 @@ class Option:
 
     name: str
     default: Any
+    check: Callable[[Any], str | None] | None = None
     exclusive: bool = False
     why: str = "{name}={value!r} applies to archs {archs} only, not model.arch={arch!r}"
+
+    def validate(self, value: Any) -> None:
+        reason = self.check(value) if self.check is not None else None
+        if reason:
+            raise ValueError(f"model.{self.name}={value!r} is not valid; {reason}")
 
     def refusal(self, value: Any, arch: str, archs: tuple[str, ...]) -> str:
         return "model." + self.why.format(name=self.name, value=value, arch=arch, archs=", ".join(archs))
@@ -90,14 +98,33 @@ def solver_steps(n_layers: int) -> dict[str, Any]:
     return {"ode.n_steps": n_layers}
 
 
-# Options several families share: declared once so that their defaults and refusals agree.
+# What an option's ``check`` says about a value: the reason it is invalid, or None.
+def positive(value: Any) -> str | None:
+    return None if value > 0 else "it must be > 0"
+
+
+def non_negative(value: Any) -> str | None:
+    return None if value >= 0 else "it must be >= 0"
+
+
+def even_at_least_2(value: Any) -> str | None:  # sin and cos of each frequency
+    return None if value >= 2 and value % 2 == 0 else "it must be an even number >= 2"
+
+
+def one_of(*choices: Any) -> Callable[[Any], str | None]:
+    return lambda value: None if value in choices else f"choose one of {', '.join(map(repr, choices))}"
+
+
+# Options several families share: declared once so that their defaults, checks and refusals agree.
 PARALLEL = Option("parallel", False, exclusive=True,
                   why="{name} applies to the discrete blocks of {archs}; model.arch={arch!r} always uses the parallel form")
-MODULATION = Option("modulation", "time", exclusive=True)
-INTEGRATION = Option("integration", "ode", exclusive=True)
-TIME_FEATURES = Option("time_features", 32)
-TIME_HIDDEN = Option("time_hidden", 64)
-SSM_STATE_SIZE = Option("ssm_state_size", 16)
+# modulation="constant": every weight sees t = 0 (is depth dependence needed?); integration=
+# "residual": x + f instead of x + dt f (is the dt factor needed?)
+MODULATION = Option("modulation", "time", one_of("time", "constant"), exclusive=True)
+INTEGRATION = Option("integration", "ode", one_of("ode", "residual"), exclusive=True)
+TIME_FEATURES = Option("time_features", 32, even_at_least_2)
+TIME_HIDDEN = Option("time_hidden", 64, positive)
+SSM_STATE_SIZE = Option("ssm_state_size", 16, positive)
 
 
 # --------------------------------------------------------------------------- the registry
@@ -134,6 +161,11 @@ def get(name: str) -> Family:
 
 def all_families() -> tuple[Family, ...]:
     return tuple(_FAMILIES.values())
+
+
+def all_options() -> dict[str, Option]:
+    """Every registered family's options, by field name (a shared option once)."""
+    return {o.name: o for f in _FAMILIES.values() for o in f.options}
 
 
 def exclusive_options() -> dict[str, Option]:

@@ -41,8 +41,8 @@ def check_span(cfg: ModelConfig) -> None:
 
 
 FAMILY = Family("hybrid", depth=middle_third, check=check_span,
-                options=(families.PARALLEL, Option("ode_start", 2), Option("ode_end", 4), Option("control_dim", 4),
-                         Option("ode_scale_init", 0.1)),
+                options=(families.PARALLEL, Option("ode_start", 2), Option("ode_end", 4),
+                         Option("control_dim", 4, families.non_negative), Option("ode_scale_init", 0.1)),
                 summary="discrete blocks, an ODE block in place of a span of layers, discrete blocks")
 
 

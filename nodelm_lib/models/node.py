@@ -39,7 +39,7 @@ from .registry import register_family
 
 FAMILY = Family("node", continuous=True, depth=families.solver_steps, time_dependent_weights=True,
                 options=(families.MODULATION, families.INTEGRATION, families.TIME_FEATURES, families.TIME_HIDDEN,
-                         Option("hyper_dim", 4)),
+                         Option("hyper_dim", 4, families.positive)),
                 summary="one block integrated over t in [0, 1], every weight W(t) from a hypernetwork")
 
 
