@@ -32,13 +32,20 @@ from nodelm_lib.ode.random_grid import PLACEMENTS, GridDistribution
 from nodelm_lib.ode.solvers import FIXED_STEP_METHODS, METHODS
 from nodelm_lib.ode.tableaus import TABLEAUS
 
+from . import families
 from .data import CORPORA, TOKENIZERS
 
-ARCHS = ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm")
-# one time-dependent block integrated over t in [0, 1]: the depth is the solver's steps
-CONTINUOUS_ARCHS = ("node", "ti_mlp", "ti_ssm")
-MODULATIONS = ("time", "constant")
-INTEGRATIONS = ("ode", "residual")
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    # ARCHS and CONTINUOUS_ARCHS are read from the registered families when asked for: the model
+    # files register theirs after this module is imported (and a test may register one more).
+    if name == "ARCHS":
+        return families.names()
+    if name == "CONTINUOUS_ARCHS":  # one time-dependent block over t in [0, 1]: depth = solver steps
+        return families.names(continuous=True)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # how a model knows where a token is: a learned table added to the token embeddings, or rotary
 # embeddings (q and k rotated by their position in every attention layer, nothing learned)
 POSITIONS = ("learned", "rope")
@@ -295,15 +302,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, "model.")
-        _check_choice("model.arch", self.arch, ARCHS)
-        _check_choice("model.modulation", self.modulation, MODULATIONS)
-        _check_choice("model.integration", self.integration, INTEGRATIONS)
+        family = families.get(self.arch)  # a ValueError listing the families
         _check_choice("model.position", self.position, POSITIONS)
         if self.vocab_size is not None:
             _check_positive("model.vocab_size", self.vocab_size)
-        for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "mlp_ratio", "time_hidden",
-                    "hyper_dim", "ssm_state_size"):
+        for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "mlp_ratio"):
             _check_positive(f"model.{key}", getattr(self, key))
+        for option in families.all_options().values():  # the families' own fields, whatever the arch
+            option.validate(getattr(self, option.name))
         for key in ("vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len", "time_features", "time_hidden",
                     "hyper_dim", "ssm_state_size", "control_dim"):
             if getattr(self, key) is not None:
@@ -312,8 +318,6 @@ class ModelConfig:
             raise ValueError(f"model.mlp_ratio={self.mlp_ratio!r} is not valid: with model.d_model={self.d_model} the "
                              f"MLP's hidden width mlp_ratio * d_model = {self.mlp_ratio * self.d_model:g} is below one "
                              f"unit; it must be at least 1 (mlp_ratio >= 1 / d_model = {1 / self.d_model:g})")
-        if self.time_features < 2 or self.time_features % 2:
-            raise ValueError(f"model.time_features={self.time_features!r} is not valid; it must be an even number >= 2")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}"
@@ -324,24 +328,19 @@ class ModelConfig:
                              f"choose d_model and n_heads with an even quotient")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout!r} is not valid; it must be in [0, 1)")
-        _check_positive("model.control_dim", self.control_dim, allow_zero=True)
-        if self.arch == "hybrid" and not 0 <= self.ode_start < self.ode_end <= self.n_layers:
-            raise ValueError(
-                f"model.ode_start={self.ode_start}, model.ode_end={self.ode_end} is not a valid span "
-                f"of model.n_layers={self.n_layers}; need 0 <= ode_start < ode_end <= n_layers"
-            )
-        self._check_continuous_options()
+        self._check_family(family)
 
-    def _check_continuous_options(self) -> None:
-        if self.arch not in CONTINUOUS_ARCHS:
-            for key, default in (("modulation", "time"), ("integration", "ode")):
-                if getattr(self, key) != default:
-                    raise ValueError(f"model.{key}={getattr(self, key)!r} applies to archs "
-                                     f"{', '.join(CONTINUOUS_ARCHS)} only, not model.arch={self.arch!r}")
+    def _check_family(self, family: families.Family) -> None:
+        """What ``arch``'s declaration asks of the config: its own check, no other family's
+        exclusive option away from its default, and for a continuous family depth = solver steps."""
+        if family.check is not None:
+            family.check(self)
+        for name, option in families.exclusive_options().items():
+            value = getattr(self, name)
+            if not family.has_option(name) and value != option.default:
+                raise ValueError(option.refusal(value, self.arch, families.with_option(name)))
+        if not family.continuous:
             return
-        if self.parallel:
-            raise ValueError(f"model.parallel applies to the discrete blocks of gpt and hybrid; "
-                             f"model.arch={self.arch!r} always uses the parallel form")
         if self.ode.method in FIXED_STEP_METHODS and self.n_layers != self.ode.n_steps:
             raise ValueError(
                 f"model.n_layers={self.n_layers} but model.ode.n_steps={self.ode.n_steps}: for "
@@ -383,19 +382,22 @@ def model_preset(name: str, arch: str = "gpt", **overrides: Any) -> ModelConfig:
 
 
 def for_arch(cfg: ModelConfig, arch: str) -> ModelConfig:
-    """``cfg``'s width, depth and options for another ``arch``, with that arch's depth
-    convention: continuous archs take ``ode.n_steps = n_layers`` (same ODE method otherwise),
-    the hybrid replaces the middle third of its ``n_layers``. Options of other archs
-    (modulation, integration) go back to their defaults where ``arch`` does not have them."""
-    _check_choice("model.arch", arch, ARCHS)
-    n = cfg.n_layers
+    """``cfg``'s width, depth and options for another ``arch``, with that arch's depth rule
+    (``Family.depth``): continuous archs take ``ode.n_steps = n_layers`` (same ODE method
+    otherwise), the hybrid replaces the middle third of its ``n_layers``. Exclusive options of
+    other archs (parallel, modulation, integration) go back to their defaults where ``arch``
+    does not have them."""
+    family = families.get(arch)
     values: dict[str, Any] = {"arch": arch}
-    if arch in CONTINUOUS_ARCHS:
-        values.update(ode=dataclasses.replace(cfg.ode, n_steps=n), parallel=False)
-    else:
-        values.update(modulation="time", integration="ode")
-    if arch == "hybrid":
-        values.update(ode_start=n // 3, ode_end=n - n // 3)
+    for name, option in families.exclusive_options().items():
+        if not family.has_option(name):
+            values[name] = option.default
+    ode_values = {}
+    for key, value in family.depth_values(cfg.n_layers).items():
+        section, _, leaf = key.rpartition(".")
+        (ode_values if section == "ode" else values)[leaf] = value
+    if ode_values:
+        values["ode"] = dataclasses.replace(cfg.ode, **ode_values)
     return dataclasses.replace(cfg, **values)
 
 

@@ -10,9 +10,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import nodelm_lib as nl
-from nodelm_lib import config, models
+from nodelm_lib import models
 from nodelm_lib.generation.sampling import fast_decode
 from nodelm_lib.config import ARCHS
+from nodelm_lib.families import Family
 from nodelm_lib.models.common import CausalLM, ODEBlock
 from nodelm_lib.models.gpt import GPT
 from nodelm_lib.models.hybrid import HybridODEBlock
@@ -138,7 +139,7 @@ def test_onednn_setting_is_restored():
 
 
 # --------------------------------------------------------------------------- a family of its own
-# The extension path of docs/development.md ("Add a model family"): a layer, a block, an ODE field
+# The extension path of docs/guides/adding-a-family.md ("Fast decoding"): a layer, a block, an ODE field
 # and a CausalLM that fast_decode has never heard of, each saying how it freezes.
 
 
@@ -224,12 +225,11 @@ class ToyLM(CausalLM):
 
 
 @pytest.fixture
-def toy(monkeypatch):
-    """The toy family registered as arch "toy": what its line in config.ARCHS and its line in
-    models._REGISTRY do for a family of the library."""
-    monkeypatch.setattr(config, "ARCHS", (*config.ARCHS, "toy"))
-    monkeypatch.setitem(models._REGISTRY, "toy", ToyLM)
-    return lambda **kw: trained_like(small("toy", **kw))
+def toy():
+    """The toy family registered as arch "toy", as a family's file in models/ registers itself."""
+    models.register_family(Family("toy"), ToyLM)
+    yield lambda **kw: trained_like(small("toy", **kw))
+    models.unregister_family("toy")
 
 
 def generate_both_ways(model, n=30, **kw):

@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from nodelm_lib.config import TrainConfig
+from nodelm_lib.families import BASELINE
 from nodelm_lib.data import fixed_batches
 from nodelm_lib.reporting.style import smooth, use_style
 from nodelm_lib.runs.store import checkpoint_path, evaluations_store, read_evaluations, run, write_evaluations
@@ -187,10 +188,10 @@ def plot_gradient_flow(records: dict[str, RunRecord], window: int = 10) -> plt.F
 
 
 def paired_configs(hybrid: TrainConfig) -> dict[str, TrainConfig]:
-    """The baseline and the hybrid of one comparison: identical but for ``model.arch``.
+    """The baseline (``families.BASELINE``) and the hybrid of one comparison: ``hybrid``, a
+    hybrid's config, and the same config but for ``model.arch``.
 
     Same seed means the same batch order and the same evaluation batches (see ``train``),
     so the two loss curves differ only by the architecture.
     """
-    return {"baseline": replace(hybrid, model=replace(hybrid.model, arch="gpt")),
-            "hybrid": replace(hybrid, model=replace(hybrid.model, arch="hybrid"))}
+    return {"baseline": replace(hybrid, model=replace(hybrid.model, arch=BASELINE)), "hybrid": hybrid}

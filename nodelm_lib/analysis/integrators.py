@@ -26,7 +26,7 @@ import torch
 
 from nodelm_lib.config import ModelConfig
 from nodelm_lib.models.common import ODEBlock
-from nodelm_lib.models.hybrid import HybridField
+from nodelm_lib.models.hybrid import FAMILY as HYBRID, HybridField
 from nodelm_lib.ode import ADAPTIVE_METHODS, SolverCounters, odeint
 from nodelm_lib.reporting.style import use_style
 from nodelm_lib.training.profiling import peak_memory_mb
@@ -60,11 +60,10 @@ def hybrid_problem(d_model: int = 64, n_heads: int = 4, batch: int = 4, seq_len:
     nearly the identity and every method is accurate. 1.0 gives dynamics worth measuring.
     """
     torch.manual_seed(seed)
-    cfg = ModelConfig(arch="hybrid", vocab_size=256, d_model=d_model, n_heads=n_heads, control_dim=0,
-                      ode_scale_init=scale)
+    cfg = ModelConfig(vocab_size=256, d_model=d_model, n_heads=n_heads, control_dim=0, ode_scale_init=scale)
     field = HybridField(cfg).to(device=device, dtype=dtype)
     x0 = torch.randn(batch, seq_len, d_model, dtype=dtype).to(device)
-    return Problem("hybrid", field, x0, tuple(field.parameters()))
+    return Problem(HYBRID.name, field, x0, tuple(field.parameters()))
 
 
 def _unit_interval(x: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 from torch.func import jvp, vjp
 
+from nodelm_lib import families
 from nodelm_lib.models.common import continuous_block
 
 from .spectral import fixed_step_block, real_from_json, real_to_json, sorted_eigvals, summarize
@@ -242,10 +243,9 @@ def jacobian_spectra(model, idx: torch.Tensor, mode: str = "blocks", n_krylov: i
     if mode not in ("blocks", "full", "arnoldi"):
         raise ValueError(f"mode={mode!r} is not valid; choose 'blocks', 'full' or 'arnoldi'")
     continuous_block(model, "jacobian_spectra")
-    if mode == "arnoldi" and model.cfg.arch == "ti_ssm":
-        # models/scans.py's scan is an autograd.Function without setup_context: torch.func.jvp refuses it
-        raise ValueError("mode='arnoldi' needs forward-mode AD (torch.func.jvp), which ti_ssm's selective scan "
-                         "(a custom autograd.Function without setup_context) does not support; use 'blocks' or 'full'")
+    if mode == "arnoldi" and not families.get(model.cfg.arch).forward_mode:
+        raise ValueError(f"mode='arnoldi' needs forward-mode AD (torch.func.jvp), which {model.cfg.arch} does not "
+                         f"support (its declaration says forward_mode=False); use 'blocks' or 'full'")
     m = analysis_model(model, dtype)
     idx = idx.reshape(1, -1).to(next(m.parameters()).device)
     with torch.no_grad():

@@ -52,8 +52,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from nodelm_lib import families
 from nodelm_lib.models.common import continuous_block
-from nodelm_lib.nn.time_layers import time_code
 from nodelm_lib.ode import FIXED_STEP_METHODS
 
 KINDS = ("qk", "ov", "ff")
@@ -172,30 +172,18 @@ class LayerWeights:
 
 @torch.no_grad()
 def layer_weights(model, t: torch.Tensor) -> LayerWeights:
-    """The field's weights at solver time ``t`` (a 0-d tensor), from the layers' own ``weight_at``."""
+    """The field's weights at solver time ``t`` (a 0-d tensor), from the field's own ``weights_at``
+    (``models.common.TimeDependentField``: the families that declare ``time_dependent_weights``)."""
     block = fixed_step_block(model)
-    field = block.field
-    arch = model.cfg.arch
+    if not families.get(model.cfg.arch).time_dependent_weights:
+        raise ValueError(f"the weight spectra need a field whose weights depend on t; model.arch="
+                         f"{model.cfg.arch!r} does not declare time_dependent_weights")
     D = model.cfg.d_model
     tf = field_time(model, t)
-    device = _param(model).device
-    if arch == "node":
-        code = time_code(tf, field.time_features).to(device)  # as NodeField.forward forms it
-        (w_qkv, b_qkv), (w_o, b_o) = field.attn.c_attn.weight_at(code), field.attn.c_proj.weight_at(code)
-        (w_1, b_1), (w_2, b_2) = field.mlp.c_fc.weight_at(code), field.mlp.c_proj.weight_at(code)
-        ln_1, ln_2 = field.ln_1.weight_at(code), field.ln_2.weight_at(code)
-    else:  # ti_mlp, ti_ssm: ModulatedLinear gated by the trunk h(t); static biases and layer norms
-        h = field.modulation(tf.to(device))  # as TimeIndexedField.forward forms it
-        w_qkv, b_qkv = field.attn.c_attn.weight_at(h), field.attn.c_attn.bias
-        w_o, b_o = field.attn.c_proj.weight_at(h), field.attn.c_proj.bias
-        if arch == "ti_mlp":
-            w_1, b_1 = field.mixer.c_fc.weight_at(h), field.mixer.c_fc.bias
-            w_2, b_2 = field.mixer.c_proj.weight_at(h), field.mixer.c_proj.bias
-        else:
-            w_1 = b_1 = w_2 = b_2 = None
-        ln_1, ln_2 = (field.ln_1.weight, field.ln_1.bias), (field.ln_2.weight, field.ln_2.bias)
-    return LayerWeights(float(t), float(tf), w_qkv[:D], w_qkv[D:2 * D], w_qkv[2 * D:], w_o, w_1, w_2,
-                        b_qkv, b_o, b_1, b_2, ln_1, ln_2)
+    w = block.field.weights_at(tf)
+    w_qkv = w["w_qkv"]
+    return LayerWeights(float(t), float(tf), w_qkv[:D], w_qkv[D:2 * D], w_qkv[2 * D:], w["w_o"], w["w_1"], w["w_2"],
+                        w["b_qkv"], w["b_o"], w["b_1"], w["b_2"], w["ln_1"], w["ln_2"])
 
 
 # --------------------------------------------------------------------------- products and eigenvalues

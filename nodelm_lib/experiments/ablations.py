@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import torch
 
-from nodelm_lib.config import CONTINUOUS_ARCHS, ModelConfig, TrainConfig, for_arch, with_values
+from nodelm_lib import families
+from nodelm_lib.config import ModelConfig, TrainConfig, for_arch, with_values
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, evaluations_store,
                                    read_evaluations, run_hash, stored_record, write_evaluations)
 from nodelm_lib.training.evaluation import evaluate, final_eval_batches
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
 def at_depth(model: ModelConfig, n_steps: int, method: str | None = None) -> ModelConfig:
     """``model`` solved with ``n_steps`` steps (of ``method``, default its own): its depth
     (``n_layers``) is the number of steps. The weights are the same for every depth."""
-    if model.arch not in CONTINUOUS_ARCHS:
-        raise ValueError(f"at_depth needs a continuous-depth arch ({', '.join(CONTINUOUS_ARCHS)}), got {model.arch!r}")
+    if not families.get(model.arch).continuous:
+        raise ValueError(f"at_depth needs a continuous-depth arch ({', '.join(families.names(continuous=True))}), "
+                         f"got {model.arch!r}")
     ode = dataclasses.replace(model.ode, method=method or model.ode.method, n_steps=n_steps)
     return dataclasses.replace(model, n_layers=n_steps, ode=ode)
 

@@ -1,5 +1,8 @@
 """Model families, one file each; ``build_model(cfg)`` picks one by ``cfg.arch``.
 
+Each family's file declares it (``nodelm_lib.families.Family``) and registers its class with
+``register_family``; ``docs/guides/adding-a-family.md`` shows how.
+
 ``count_params(cfg)`` counts a config's parameters without allocating them, and
 ``match_params(cfg, target)`` resizes a config to a target non-embedding count so that two
 architectures can be compared at equal size.
@@ -11,25 +14,17 @@ import dataclasses
 
 import torch
 
-from nodelm_lib.config import ARCHS, CONTINUOUS_ARCHS, ModelConfig
-from .common import CausalLM, ContinuousDepthLM, ODEBlock, continuous_block
+from nodelm_lib import families
+from nodelm_lib.config import ModelConfig
+from .common import CausalLM, ContinuousDepthLM, ODEBlock, TimeDependentField, continuous_block
+from .registry import model_class, register_family, unregister_family
+# The built-in families, each registered by its own file; the order of these imports is the
+# order config.ARCHS lists them in (a new family's file goes at the end).
 from .gpt import GPT
 from .hybrid import HybridODETransformer
 from .node import NeuralODETransformer, param_count_formula
-from .ssm import SSMTransformer
 from .time_indexed import TimeIndexedMLP, TimeIndexedSSM
-
-_REGISTRY = {
-    "gpt": GPT,
-    "hybrid": HybridODETransformer,
-    "node": NeuralODETransformer,
-    "ti_mlp": TimeIndexedMLP,
-    "ti_ssm": TimeIndexedSSM,
-    "ssm": SSMTransformer,
-}
-assert set(_REGISTRY) == set(ARCHS), "config.ARCHS and the model registry disagree"
-assert {arch for arch, cls in _REGISTRY.items() if issubclass(cls, ContinuousDepthLM)} == set(CONTINUOUS_ARCHS), \
-    "config.CONTINUOUS_ARCHS and the ContinuousDepthLM families disagree"
+from .discrete_ssm import SSMTransformer
 
 MATCH_BY = ("d_model", "mlp_ratio")
 
@@ -40,9 +35,7 @@ def build_model(cfg: ModelConfig) -> CausalLM:
         raise ValueError(f"build_model takes a ModelConfig (nl.ModelConfig(arch=..., ...)), got "
                          f"{type(cfg).__name__}" + (": build one with nl.config.from_dict(nl.ModelConfig, d)"
                                                     if isinstance(cfg, dict) else ""))
-    if cfg.arch not in _REGISTRY:
-        raise ValueError(f"model.arch={cfg.arch!r} is not valid; choose one of {', '.join(map(repr, _REGISTRY))}")
-    return _REGISTRY[cfg.arch](cfg)
+    return model_class(cfg.arch)(cfg)
 
 
 def count_params(cfg: ModelConfig) -> dict[str, int]:
@@ -67,8 +60,8 @@ def match_params(cfg: ModelConfig, target_params: int, by: str = "d_model") -> M
     """
     if by not in MATCH_BY:
         raise ValueError(f"by={by!r} is not valid; choose one of {', '.join(map(repr, MATCH_BY))}")
-    if by == "mlp_ratio" and cfg.arch in ("ti_ssm", "ssm"):
-        raise ValueError(f"{cfg.arch} has no MLP (its state-space layer replaces it): match it with by='d_model'")
+    if by == "mlp_ratio" and not families.get(cfg.arch).has_mlp:
+        raise ValueError(f"{cfg.arch} has no MLP (another mixer replaces it): match it with by='d_model'")
     if target_params <= 0:
         raise ValueError(f"target_params={target_params!r} is not valid; it must be > 0")
 
@@ -95,6 +88,7 @@ def match_params(cfg: ModelConfig, target_params: int, by: str = "d_model") -> M
     return resized(best)
 
 
-__all__ = ["build_model", "count_params", "match_params", "param_count_formula", "CausalLM",
-           "ContinuousDepthLM", "ODEBlock", "continuous_block", "GPT", "HybridODETransformer", "NeuralODETransformer",
-           "TimeIndexedMLP", "TimeIndexedSSM", "SSMTransformer"]
+__all__ = ["build_model", "count_params", "match_params", "param_count_formula", "register_family",
+           "unregister_family", "model_class", "CausalLM", "ContinuousDepthLM", "TimeDependentField", "ODEBlock",
+           "continuous_block", "GPT", "HybridODETransformer", "NeuralODETransformer", "TimeIndexedMLP",
+           "TimeIndexedSSM", "SSMTransformer"]

@@ -19,7 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nodelm_lib.config import CONTINUOUS_ARCHS, ModelConfig, ODEConfig
+from nodelm_lib import families
+from nodelm_lib.config import ModelConfig, ODEConfig
 from nodelm_lib.nn.decode_cache import DecodeCache, active_cache, compiling
 from nodelm_lib.nn.losses import linear_cross_entropy
 from nodelm_lib.nn.time_grid import time_grid
@@ -387,6 +388,18 @@ class ODEBlock(nn.Module):
         return out
 
 
+class TimeDependentField(nn.Module):
+    """A vector field f(t, x) whose weights are functions of t: the families that declare
+    ``time_dependent_weights`` build their field from this class, and the spectral analysis reads
+    the weights through ``weights_at``."""
+
+    def weights_at(self, t: torch.Tensor) -> dict[str, torch.Tensor | tuple | None]:
+        """The field's weights at field time ``t`` (a 0-d tensor), as the forward pass forms them:
+        ``w_qkv`` (3D, D) and ``b_qkv``, ``w_o`` and ``b_o`` of the attention, ``w_1``, ``b_1``,
+        ``w_2``, ``b_2`` of the MLP (None without one), ``ln_1``, ``ln_2`` (scale, shift)."""
+        raise NotImplementedError(f"{type(self).__name__} must say what its weights are at t")
+
+
 class ContinuousDepthLM(CausalLM):
     """A single time-dependent block f(t, x) integrated over t in [0, 1] (node, ti_mlp,
     ti_ssm): the embedded sequence is x(0), the final hidden state x(1).
@@ -414,10 +427,11 @@ class ContinuousDepthLM(CausalLM):
 
 
 def continuous_block(model: nn.Module, purpose: str) -> ODEBlock:
-    """The ``ODEBlock`` of a continuous-depth model (``CONTINUOUS_ARCHS``: the whole body is one
+    """The ``ODEBlock`` of a continuous-depth model (a continuous family: the whole body is one
     ODE block, x(0) the embedded sequence); a ``ValueError`` saying what needs one otherwise."""
     if not isinstance(model, ContinuousDepthLM):
         arch = getattr(getattr(model, "cfg", None), "arch", None)
-        raise ValueError(f"{purpose} needs a continuous-depth model (arch {', '.join(map(repr, CONTINUOUS_ARCHS))}), "
+        raise ValueError(f"{purpose} needs a continuous-depth model "
+                         f"(arch {', '.join(map(repr, families.names(continuous=True)))}), "
                          f"got {type(model).__name__} (arch={arch!r})")
     return model.ode_block

@@ -9,10 +9,16 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from nodelm_lib import families
 from nodelm_lib.config import ModelConfig
+from nodelm_lib.families import Family
 from nodelm_lib.nn.layers import Block
 
 from .common import CausalLM
+from .registry import register_family
+
+FAMILY = Family(families.BASELINE, options=(families.PARALLEL,),
+                summary="pre-LN decoder-only transformer (nanoGPT-like), the discrete baseline")
 
 
 class GPT(CausalLM):
@@ -33,3 +39,6 @@ class GPT(CausalLM):
 
     def decode_stages(self) -> list[nn.Module]:
         return list(self.blocks)
+
+
+register_family(FAMILY, GPT)

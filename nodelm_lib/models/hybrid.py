@@ -16,12 +16,34 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from nodelm_lib import families
 from nodelm_lib.config import ModelConfig
+from nodelm_lib.families import Family, Option
 from nodelm_lib.nn.frozen import Frozen, freeze_layer
 from nodelm_lib.nn.layers import MLP, Block, CausalSelfAttention
 from nodelm_lib.nn.time_layers import TimeEmbedding
 
 from .common import CausalLM, ODEBlock
+from .registry import register_family
+
+
+def middle_third(n_layers: int) -> dict[str, int]:
+    """The hybrid's depth rule: its ODE block replaces the middle third of ``n_layers``."""
+    return {"ode_start": n_layers // 3, "ode_end": n_layers - n_layers // 3}
+
+
+def check_span(cfg: ModelConfig) -> None:
+    if not 0 <= cfg.ode_start < cfg.ode_end <= cfg.n_layers:
+        raise ValueError(
+            f"model.ode_start={cfg.ode_start}, model.ode_end={cfg.ode_end} is not a valid span "
+            f"of model.n_layers={cfg.n_layers}; need 0 <= ode_start < ode_end <= n_layers"
+        )
+
+
+FAMILY = Family("hybrid", depth=middle_third, check=check_span,
+                options=(families.PARALLEL, Option("ode_start", 2), Option("ode_end", 4),
+                         Option("control_dim", 4, families.non_negative), Option("ode_scale_init", 0.1)),
+                summary="discrete blocks, an ODE block in place of a span of layers, discrete blocks")
 
 
 class HybridField(nn.Module):
@@ -108,3 +130,6 @@ class HybridODETransformer(CausalLM):
 
     def decode_stages(self) -> list[nn.Module]:
         return [*self.early_blocks, self.ode_block, *self.late_blocks]
+
+
+register_family(FAMILY, HybridODETransformer)

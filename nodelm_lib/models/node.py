@@ -23,7 +23,9 @@ import dataclasses
 import torch
 import torch.nn as nn
 
+from nodelm_lib import families
 from nodelm_lib.config import ModelConfig, ODEConfig
+from nodelm_lib.families import Family, Option
 from nodelm_lib.nn.decode_cache import cached_per_call
 from nodelm_lib.nn.frozen import Frozen, freeze_layer
 from nodelm_lib.nn.layers import mlp_hidden
@@ -31,11 +33,17 @@ from nodelm_lib.nn.time_grid import active_grid
 from nodelm_lib.nn.time_layers import (HyperLinear, TimeAttention, TimeLayerNorm, TimeMLP, time_code, time_codes)
 from nodelm_lib.ode import Solver
 
-from .common import ContinuousDepthLM
+from .common import ContinuousDepthLM, TimeDependentField
 from .gpt import GPT
+from .registry import register_family
+
+FAMILY = Family("node", continuous=True, depth=families.solver_steps, time_dependent_weights=True,
+                options=(families.MODULATION, families.INTEGRATION, families.TIME_FEATURES, families.TIME_HIDDEN,
+                         Option("hyper_dim", 4, families.positive)),
+                summary="one block integrated over t in [0, 1], every weight W(t) from a hypernetwork")
 
 
-class NodeField(nn.Module):
+class NodeField(TimeDependentField):
     """f(t, x) = Attn_t(LN_t(x)) + MLP_t(LN'_t(x)) with hypernetwork-generated weights."""
 
     def __init__(self, cfg: ModelConfig):
@@ -68,6 +76,14 @@ class NodeField(nn.Module):
     def code_at(self, t: torch.Tensor, device) -> torch.Tensor:
         """The time code phi(t) every time-dependent layer of one evaluation reads."""
         return time_code(t, self.time_features).to(device)
+
+    def weights_at(self, t: torch.Tensor) -> dict:
+        """Every weight, bias and layer-norm pair at the time code phi(t), as ``forward`` forms them."""
+        code = self.code_at(t, next(self.parameters()).device)
+        (w_qkv, b_qkv), (w_o, b_o) = self.attn.c_attn.weight_at(code), self.attn.c_proj.weight_at(code)
+        (w_1, b_1), (w_2, b_2) = self.mlp.c_fc.weight_at(code), self.mlp.c_proj.weight_at(code)
+        return dict(w_qkv=w_qkv, b_qkv=b_qkv, w_o=w_o, b_o=b_o, w_1=w_1, b_1=b_1, w_2=w_2, b_2=b_2,
+                    ln_1=self.ln_1.weight_at(code), ln_2=self.ln_2.weight_at(code))
 
 
 class NeuralODETransformer(ContinuousDepthLM):
@@ -136,3 +152,6 @@ def param_count_formula(cfg: ModelConfig) -> dict[str, int]:
     final_norm = (1 + beta) * D
     embeddings = cfg.vocab_size * D + (cfg.max_seq_len * D if cfg.position == "learned" else 0)  # rope: no table
     return {"total": embeddings + block + final_norm, "non_embedding": block + final_norm}
+
+
+register_family(FAMILY, NeuralODETransformer)

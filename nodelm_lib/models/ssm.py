@@ -1,6 +1,6 @@
-"""The ``ssm`` family: a selective diagonal state-space layer (Mamba-style, no convolution),
-modulated in depth t in ``ti_ssm`` or static in ``SSMTransformer`` (arch ``ssm``, the discrete
-control with the same mixer). Its recurrence is evaluated by the scans of ``scans.py``.
+"""A selective diagonal state-space layer (Mamba-style, no convolution), the mixer of two
+families: modulated in depth t in ``ti_ssm`` (``time_indexed.py``) or static in the discrete
+control ``ssm`` (``discrete_ssm.py``). Its recurrence is evaluated by the scans of ``scans.py``.
 """
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nodelm_lib.config import ModelConfig
 from nodelm_lib.nn.decode_cache import active_cache, compiling
-from nodelm_lib.nn.frozen import Frozen, FrozenSSM, freeze_layer
-from nodelm_lib.nn.layers import CausalSelfAttention
+from nodelm_lib.nn.frozen import FrozenSSM, freeze_layer
 from nodelm_lib.nn.time_grid import GridPoint
 from nodelm_lib.nn.time_layers import ModulatedLinear, StaticLinear
 
-from .common import CausalLM, twice_differentiable
+from .common import twice_differentiable
 from .scan_triton import triton_selective_scan
 from .scans import (check_chunk_size, linear_recurrence, scan_in_float32, scan_with, selective_scan,
                     selective_scan_reference)
@@ -166,53 +164,3 @@ class SelectiveSSM(nn.Module):
             slot["state"] = last
         y = y + self.D_at(h_t) * x
         return self.out_proj(y * F.silu(z), h)
-
-
-# --------------------------------------------------------------------------- the ``ssm`` model
-
-
-class SSMBlock(nn.Module):
-    """A transformer block with the selective SSM in the MLP's place and no time dependence:
-    ``x + Attn(LN_1(x)) + SSM(LN_2(x))`` (``parallel=True``, ti_ssm's field as one Euler step
-    of size 1) or ``x + Attn(LN_1(x))`` then ``+ SSM(LN_2(x))``."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.parallel = cfg.parallel
-        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, cfg.position == "rope")
-        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.mixer = SelectiveSSM(cfg.d_model, cfg.ssm_state_size, None, cfg.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.parallel:
-            return x + self.attn(self.ln_1(x)) + self.mixer(self.ln_2(x))
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mixer(self.ln_2(x))
-
-    def freeze(self) -> Frozen:
-        return Frozen("parallel" if self.parallel else "sequential", freeze_layer(self.ln_1), freeze_layer(self.attn),
-                      freeze_layer(self.ln_2), freeze_layer(self.mixer))
-
-
-class SSMTransformer(CausalLM):
-    """``ssm``: ``n_layers`` discrete ``SSMBlock``s with their own weights. The control that
-    separates ti_ssm's mixer from its time-indexed sharing: ti_ssm differs from it in depth
-    handling only, ``gpt`` (same ``parallel``) in the mixer only.
-
-    Positions: the scan is positional by construction (a recurrence over positions), so
-    ``position="rope"`` means what it means for ``gpt``: no position table, and each block's
-    attention rotates its queries and keys; the scan is unchanged."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
-        self.blocks = nn.ModuleList(SSMBlock(cfg) for _ in range(cfg.n_layers))
-        self.init_weights(n_residual_layers=cfg.n_layers)
-
-    def body(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return x
-
-    def decode_stages(self) -> list[nn.Module]:
-        return list(self.blocks)

@@ -22,15 +22,26 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from nodelm_lib import families
 from nodelm_lib.config import ModelConfig
+from nodelm_lib.families import Family
 from nodelm_lib.nn.frozen import Frozen, freeze_layer
 from nodelm_lib.nn.time_layers import ModulatedLinear, TimeAttention, TimeMLP, TimeModulation
 
-from .common import ContinuousDepthLM
+from .common import ContinuousDepthLM, TimeDependentField
+from .registry import register_family
 from .ssm import SelectiveSSM
 
+_TIME_INDEXED = (families.MODULATION, families.INTEGRATION, families.TIME_FEATURES, families.TIME_HIDDEN)
+TI_MLP = Family("ti_mlp", continuous=True, depth=families.solver_steps, time_dependent_weights=True,
+                options=_TIME_INDEXED, summary="one block integrated over t, shared weights gated by g(t)")
+# models/scans.py's scan is an autograd.Function without setup_context: torch.func.jvp refuses it
+TI_SSM = Family("ti_ssm", continuous=True, depth=families.solver_steps, time_dependent_weights=True,
+                options=(*_TIME_INDEXED, families.SSM_STATE_SIZE), has_mlp=False, forward_mode=False,
+                summary="ti_mlp with the MLP replaced by a selective state-space layer modulated in t")
 
-class TimeIndexedField(nn.Module):
+
+class TimeIndexedField(TimeDependentField):
     """f(t, x) = Attn_t(LN_1(x)) + Mixer_t(LN_2(x)), every weight gated by g(t).
 
     ``mixer`` is ``"mlp"`` (ti_mlp) or ``"ssm"`` (ti_ssm). The trunk h(t) is computed once
@@ -56,6 +67,17 @@ class TimeIndexedField(nn.Module):
         h = self.modulation(t.to(x.device))
         return self.attn(self.ln_1(x), h) + self.mixer(self.ln_2(x), h)
 
+    def weights_at(self, t: torch.Tensor) -> dict:
+        """The gated weights at the trunk output h(t); biases and layer norms are static, and the
+        state-space mixer has no MLP weights (None)."""
+        h = self.modulation(t.to(next(self.parameters()).device))  # as forward forms it
+        attn, mixer = self.attn, self.mixer
+        mlp = (dict(w_1=mixer.c_fc.weight_at(h), b_1=mixer.c_fc.bias, w_2=mixer.c_proj.weight_at(h),
+                    b_2=mixer.c_proj.bias) if isinstance(mixer, TimeMLP) else dict(w_1=None, b_1=None, w_2=None, b_2=None))
+        return dict(w_qkv=attn.c_attn.weight_at(h), b_qkv=attn.c_attn.bias, w_o=attn.c_proj.weight_at(h),
+                    b_o=attn.c_proj.bias, **mlp, ln_1=(self.ln_1.weight, self.ln_1.bias),
+                    ln_2=(self.ln_2.weight, self.ln_2.bias))
+
     def freeze(self, t: torch.Tensor, control=None, device=None) -> Frozen:
         """This field at t for fast decoding: every gated layer at the trunk output h(t)."""
         h = self.modulation.at_times(t.to(device).reshape(1))[0]  # what forward's cached modulation(t) computes
@@ -76,3 +98,7 @@ class TimeIndexedSSM(ContinuousDepthLM):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg, TimeIndexedField(cfg, "ssm"))
+
+
+register_family(TI_MLP, TimeIndexedMLP)
+register_family(TI_SSM, TimeIndexedSSM)

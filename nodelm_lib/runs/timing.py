@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from nodelm_lib.config import TrainConfig, to_dict
+from nodelm_lib.families import BASELINE
 from nodelm_lib.training.evaluation import scored_tokens
 from nodelm_lib.training.flops import forward_flops, model_with_vocab
 from nodelm_lib.training.record import RunRecord
@@ -110,7 +111,7 @@ def record_timings(records: Iterable[RunRecord]) -> pd.DataFrame:
         c = as_recorded(tc)
         rows.append({"key": _run_key(c), "family": _run_key(c, width=False), "shape": _shape_key(c),
                      "arch": c["model"]["arch"],
-                     "reference": c["model"]["arch"] == "gpt" and not c["model"]["parallel"],
+                     "reference": c["model"]["arch"] == BASELINE and not c["model"]["parallel"],
                      "width": c["model"]["d_model"], "cpu": r.environment.get("cpu_capability", "?"),
                      "machine": machine_of(r.environment),
                      "s_per_step": r.train_time_s / steps, "other_s": r.wall_time_s - r.train_time_s,
