@@ -93,9 +93,9 @@ def test_the_test_family_trains(attn_only):
 
 
 def test_the_test_family_is_listed_wherever_families_are(attn_only):
-    assert config.ARCHS == ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm", "attn_only")
+    assert config.ARCHS == ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm", "looped", "attn_only")
     assert "attn_only" not in config.CONTINUOUS_ARCHS
-    with pytest.raises(ValueError, match=r"choose one of 'gpt', .*'ssm', 'attn_only'"):
+    with pytest.raises(ValueError, match=r"choose one of 'gpt', .*'ssm', 'looped', 'attn_only'"):
         nl.ModelConfig(arch="rnn")
     moved = for_arch(nl.ModelConfig(arch="node", modulation="constant"), "attn_only")
     assert moved.arch == "attn_only" and moved.modulation == "time"  # node's exclusive option is reset
@@ -105,7 +105,7 @@ def test_the_test_family_is_listed_wherever_families_are(attn_only):
     assert nl.count_params(attn_only)["non_embedding"] < nl.count_params(for_arch(attn_only, "gpt"))["non_embedding"]
     with pytest.raises(ValueError, match="attn_only has no MLP"):  # its declaration says so
         nl.match_params(attn_only, 10_000, by="mlp_ratio")
-    with pytest.raises(ValueError, match="model.parallel applies to the discrete blocks of gpt, hybrid, ssm"):
+    with pytest.raises(ValueError, match="model.parallel applies to the discrete blocks of gpt, hybrid, ssm, looped"):
         dataclasses.replace(attn_only, parallel=True)  # an option it does not declare
 
 
@@ -120,7 +120,7 @@ def test_the_test_family_is_gone_after_its_test():
 
 def test_the_families_and_their_order():
     """ARCHS lists the families in the order their files register them (models/__init__.py)."""
-    assert config.ARCHS == ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm")
+    assert config.ARCHS == ("gpt", "hybrid", "node", "ti_mlp", "ti_ssm", "ssm", "looped")
     assert config.CONTINUOUS_ARCHS == ("node", "ti_mlp", "ti_ssm")
 
 

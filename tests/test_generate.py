@@ -34,7 +34,9 @@ def trained_like(cfg: nl.ModelConfig) -> nl.models.CausalLM:
     return model.eval()
 
 
-CASES = [("gpt", "euler")] + [(arch, m) for arch in ARCHS if arch != "gpt" for m in FIXED_STEP_METHODS]
+# every arch with an ODE block at every fixed-step method; the loop is Euler's x + f(x) alone
+CASES = [("gpt", "euler")] + [(arch, m) for arch in ARCHS if arch != "gpt"
+                              for m in (FIXED_STEP_METHODS if arch != "looped" else ("euler",))]
 
 
 @pytest.mark.parametrize("arch, method", CASES)

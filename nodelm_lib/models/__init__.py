@@ -25,6 +25,7 @@ from .hybrid import HybridODETransformer
 from .node import NeuralODETransformer, param_count_formula
 from .time_indexed import TimeIndexedMLP, TimeIndexedSSM
 from .discrete_ssm import SSMTransformer
+from .looped import LoopedGPT
 
 MATCH_BY = ("d_model", "mlp_ratio")
 
@@ -91,4 +92,4 @@ def match_params(cfg: ModelConfig, target_params: int, by: str = "d_model") -> M
 __all__ = ["build_model", "count_params", "match_params", "param_count_formula", "register_family",
            "unregister_family", "model_class", "CausalLM", "ContinuousDepthLM", "TimeDependentField", "ODEBlock",
            "continuous_block", "GPT", "HybridODETransformer", "NeuralODETransformer", "TimeIndexedMLP",
-           "TimeIndexedSSM", "SSMTransformer"]
+           "TimeIndexedSSM", "SSMTransformer", "LoopedGPT"]
