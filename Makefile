@@ -29,7 +29,7 @@ TORCH_FALLBACK ?= torch>=2.1
 # Notebooks, by file stem under notebooks/. Adding one is one word here; each gets a
 # phony target of the same name and an alias without the numeric prefix
 # (01_gradient_flow -> gradient_flow).
-NOTEBOOKS := 01_gradient_flow 02_seed_comparison 03_ablations 04_spectral_lyapunov 05_integrators 06_generation 07_scaling 08_long_context
+NOTEBOOKS := 01_gradient_flow 02_seed_comparison 03_ablations 04_spectral_lyapunov 05_integrators 06_generation 07_scaling 08_long_context 09_compute_on_demand
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c

@@ -226,6 +226,12 @@ class ODEConfig:
             raise ValueError(f"ode.n_steps={self.n_steps!r} / ode.max_num_steps={self.max_num_steps!r}: "
                              f"each must be at most {MAX_SIZE} (2**31 - 1)")
 
+    def for_inference(self) -> "ODEConfig":
+        """This config without what only training reads (random grids, flow regularisers): the base
+        for solving a trained model at another setting (``generate(..., ode=...)``)."""
+        return dataclasses.replace(self, grid_min_steps=0, grid_max_steps=0, grid_end_jitter=0.0,
+                                   grid_placement="uniform", kinetic_weight=0.0, jacobian_weight=0.0)
+
     @property
     def regularised(self) -> bool:
         """Whether training adds a flow regulariser to its loss."""

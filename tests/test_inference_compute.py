@@ -109,3 +109,13 @@ def test_a_stack_of_layers_is_scored_as_trained_at_its_depth_and_stored(tmp_path
         path.unlink()
     again = ic.trained_points([("gpt", record)], "validation", 1, store=store, checkpoints=checkpoints, isolate=False)
     pd.testing.assert_frame_equal(points, again)
+
+
+def test_a_loop_is_solved_on_euler_grids_only():
+    loop, flow = base_model("looped"), base_model("node")
+    euler, rk4, adaptive = SolveSetting("euler", n_steps=5), SolveSetting("rk4", n_steps=2), SolveSetting("dopri5", rtol=1e-2)
+    assert [ic.applicable(loop, s) for s in (euler, rk4, adaptive)] == [True, False, False]
+    assert [ic.applicable(flow, s) for s in (euler, rk4, adaptive)] == [True, True, True]
+    assert [ic.applicable(base_model("hybrid"), s) for s in (euler, rk4, adaptive)] == [True, True, True]
+    random = nl.config.with_values(flow, {"ode.grid_min_steps": 1, "ode.grid_max_steps": 4, "ode.kinetic_weight": 1.0})
+    assert ic.applicable(random, adaptive)  # training-only options do not bind inference

@@ -28,10 +28,12 @@ import pandas as pd
 import torch
 
 from .anytime import SolveSetting, anytime_area, anytime_profile, evaluate_settings
+from nodelm_lib import families
 from nodelm_lib.config import ModelConfig, with_values
 from nodelm_lib.reporting.stats import mean_ci, paired_test
 from nodelm_lib.runs.store import (DEFAULT_CHECKPOINTS, DEFAULT_STORE, checkpoint_path, evaluations_store,
                                    read_evaluations, write_evaluations)
+from nodelm_lib.training.device import resolve_device
 from nodelm_lib.training.evaluation import final_eval_batches
 from nodelm_lib.training.record import RunRecord
 
@@ -89,13 +91,28 @@ def point_key(setting: SolveSetting | str, split: str, max_batches: int | None) 
     return f"anytime {label} {split} " + ("all" if max_batches is None else f"first {max_batches}")
 
 
+def applicable(model: ModelConfig, setting: SolveSetting) -> bool:
+    """Whether a model of config ``model`` can be solved as ``setting`` says: the config at that
+    setting is valid (a loop, or a residual stack, takes Euler grids only)."""
+    # a family whose depth rule is its solver steps (continuous, looped) takes the steps as its depth too
+    steps_are_depth = "ode.n_steps" in families.get(model.arch).depth_values(1)
+    depth = {} if setting.adaptive else {"ode.n_steps": setting.n_steps,
+                                         **({"n_layers": setting.n_steps} if steps_are_depth else {})}
+    try:
+        with_values(dataclasses.replace(model, ode=model.ode.for_inference()), {"ode.method": setting.method, **depth})
+    except ValueError:
+        return False
+    return True
+
+
 def anytime_curve(record: RunRecord, settings: Iterable[SolveSetting], split: str = "test",
                   max_batches: int | None = None, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
                   store: str | Path | None = None, device: str = "cpu") -> pd.DataFrame:
-    """One row per setting: ``loss`` of the run's final model over its own fixed evaluation batches
-    of ``split`` (the first ``max_batches``), ``nfe`` and ``ms_per_token``. Points stored beside the
-    record (``store``) are read back; the others need the final model on disk and are stored."""
-    settings = list(settings)
+    """One row per setting the run's model can be solved at (``applicable``): ``loss`` of the run's
+    final model over its own fixed evaluation batches of ``split`` (the first ``max_batches``),
+    ``nfe`` and ``ms_per_token``. Points stored beside the record (``store``) are read back; the
+    others need the final model on disk and are stored."""
+    settings = [s for s in settings if applicable(record.train_config.model, s)]
     if store is not None:
         store = evaluations_store(record, store, checkpoints)
     stored = read_evaluations(record, store) if store is not None else {}
@@ -114,7 +131,8 @@ def curve_missing(record: RunRecord, settings: Iterable[SolveSetting], split: st
                   max_batches: int | None = None, store: str | Path = DEFAULT_STORE) -> bool:
     """Whether ``anytime_curve`` of ``record`` needs the run's weights: some point is not stored."""
     stored = read_evaluations(record, store)
-    return any(point_key(s, split, max_batches) not in stored for s in settings)
+    return any(point_key(s, split, max_batches) not in stored for s in settings
+               if applicable(record.train_config.model, s))
 
 
 def _evaluate(record: RunRecord, settings: list[SolveSetting], split: str, max_batches: int | None, checkpoints,
@@ -125,6 +143,7 @@ def _evaluate(record: RunRecord, settings: list[SolveSetting], split: str, max_b
     if not path.exists():
         raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}, and no stored evaluation of it "
                                 f"at {settings[0].label}; train it with run(..., need_checkpoint=True)")
+    device = resolve_device(device)
     model = load_model(path, device=device)
     batches = final_eval_batches(record.train_config, split)[:max_batches]
     table = evaluate_settings(model, batches, settings, device)
@@ -164,6 +183,7 @@ def _evaluate_as_trained(record: RunRecord, split: str, max_batches: int | None,
     if not path.exists():
         raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}, and no stored evaluation of "
                                 "it as trained; train it with run(..., need_checkpoint=True)")
+    device = resolve_device(device)
     model = load_model(path, device=device)
     return score_as_trained(model, final_eval_batches(record.train_config, split)[:max_batches], device)
 

@@ -22,6 +22,7 @@ stays the context it was trained at.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import numbers
 from typing import Callable
@@ -144,8 +145,13 @@ def solved_as(model: CausalLM, ode: dict | None):
     if not isinstance(ode, dict):
         raise ValueError(f"ode={ode!r} is not valid; it must be a dict of ODEConfig changes, e.g. {{'n_steps': 2}}")
     blocks = [m for m in model.modules() if isinstance(m, ODEBlock)]
+    if not blocks:
+        model.set_ode(**ode)  # refuses with the reason: no ODE block to solve otherwise
     before = [block.ode for block in blocks]
-    model.set_ode(**ode)  # a model without ODE blocks, or a bad value, is refused here
+    for block in blocks:  # a bad value is refused here, before any block changes
+        dataclasses.replace(block.ode.for_inference(), **ode)
+    for block in blocks:  # training-only options (random grids, regularisers) do not apply here
+        block.ode = dataclasses.replace(block.ode.for_inference(), **ode)
     try:
         yield model
     finally:

@@ -18,19 +18,27 @@ def compute_figure(table: pd.DataFrame, points: pd.DataFrame, order: Iterable[st
     """Two panels: loss against NFE per token (log2 axis) and against ms per token. Each arm of
     ``table`` is a line over its fixed grids with its 95% CI band, and a hollow marker per adaptive
     tolerance; each model of ``points`` (per-seed rows: ``arm``, ``loss``, ``nfe``, ``ms_per_token``)
-    is a filled star at its mean with its 95% CI (``mean_ci`` over seeds)."""
+    is a filled star at its mean with its 95% CI (``mean_ci`` over seeds). An arm's colour is its
+    family's (its name's first word); solid lines are fixed-grid training, dashed random grids,
+    dotted the regularised arm."""
     from nodelm_lib.reporting.stats import mean_ci
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     names = [a for a in order if a in set(table["arm"]) | set(points["arm"])]
-    for i, arm in enumerate(names):
-        color = arm_color(i)
+    # one colour per model family (the arm's first word), one line style per way of training it
+    bases = list(dict.fromkeys(name.split()[0] for name in names))
+    styles = {"": "-", "random": "--", "reg": ":"}
+    for arm in names:
+        base, _, variant = arm.partition(" ")
+        color = arm_color(bases.index(base))
         rows = table[table["arm"] == arm]
         fixed, adaptive = rows[~rows["adaptive"]].sort_values("nfe"), rows[rows["adaptive"]]
         for ax, x in zip(axes, ("nfe", "ms_per_token")):
             if len(fixed):
-                ax.plot(fixed[x], fixed["loss"], "-o", color=color, markersize=3, label=arm)
-                ax.fill_between(fixed[x], fixed["ci_low"], fixed["ci_high"], color=color, alpha=0.15, linewidth=0)
+                ax.plot(fixed[x], fixed["loss"], styles.get(variant, "-."), marker="o", color=color, markersize=3,
+                        label=arm)
+                if x == "nfe":  # the band on the NFE axis only: wall times are not monotone in the grid
+                    ax.fill_between(fixed[x], fixed["ci_low"], fixed["ci_high"], color=color, alpha=0.12, linewidth=0)
             if len(adaptive):
                 ax.plot(adaptive[x], adaptive["loss"], "o", mfc="none", color=color, markersize=6,
                         label=f"{arm} (adaptive)" if not len(fixed) else None)
@@ -42,13 +50,15 @@ def compute_figure(table: pd.DataFrame, points: pd.DataFrame, order: Iterable[st
                 ax.errorbar(point[x].mean(), ci["mean"], yerr=half, fmt="*", color=color, markersize=11,
                             capsize=3, label=f"{arm} (as trained)" if ax is axes[0] else None)
     axes[0].set_xscale("log", base=2)
+    axes[1].set_xscale("log")
     axes[0].set_xlabel("function evaluations (NFE) per token, log2")
-    axes[1].set_xlabel("ms per token (this machine, one thread)")
+    axes[1].set_xlabel("ms per token, log (this machine; adaptive: each prefix solved alone)")
     axes[0].set_ylabel(f"{split} loss ({loss_unit})")
     for ax in axes:
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7, ncol=2, loc="upper right")
-    fig.suptitle(title or f"Loss against inference compute: lines are fixed grids (95% CI over seeds), hollow circles "
-                          f"adaptive tolerances, stars stacks of layers at their depth", fontsize=9)
+    fig.suptitle(title or "Loss against inference compute: lines are fixed grids (95% CI over seeds; dashed: trained on "
+                          "random grids), hollow circles adaptive tolerances, stars stacks of layers at their depth",
+                 fontsize=9)
     fig.tight_layout()
     return fig
