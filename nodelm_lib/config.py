@@ -58,7 +58,8 @@ EVAL_ON = ("batches", "whole_split", "whole_split_at_end")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
-def _check_choice(key: str, value: Any, choices: tuple) -> None:
+def check_choice(key: str, value: Any, choices: tuple) -> None:
+    """ValueError naming the config key, its bad value and the valid choices."""
     if value not in choices:
         raise ValueError(f"{key}={value!r} is not valid; choose one of {', '.join(map(repr, choices))}")
 
@@ -199,13 +200,13 @@ class ODEConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, "ode.")
-        _check_choice("ode.method", self.method, METHODS)
-        _check_choice("ode.sensitivity", self.sensitivity, SENSITIVITIES)
+        check_choice("ode.method", self.method, METHODS)
+        check_choice("ode.sensitivity", self.sensitivity, SENSITIVITIES)
         _check_positive("ode.n_steps", self.n_steps)
         _check_positive("ode.rtol", self.rtol)
         _check_positive("ode.atol", self.atol)
         _check_positive("ode.max_num_steps", self.max_num_steps)
-        _check_choice("ode.grid_placement", self.grid_placement, PLACEMENTS)
+        check_choice("ode.grid_placement", self.grid_placement, PLACEMENTS)
         if (self.grid_min_steps, self.grid_max_steps) != (0, 0) and not 1 <= self.grid_min_steps <= self.grid_max_steps:
             raise ValueError(f"ode.grid_min_steps={self.grid_min_steps!r}, ode.grid_max_steps={self.grid_max_steps!r} "
                              "is not a valid range of step counts; need 1 <= grid_min_steps <= grid_max_steps (or "
@@ -309,7 +310,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check_types(self, "model.")
         family = families.get(self.arch)  # a ValueError listing the families
-        _check_choice("model.position", self.position, POSITIONS)
+        check_choice("model.position", self.position, POSITIONS)
         if self.vocab_size is not None:
             _check_positive("model.vocab_size", self.vocab_size)
         for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "mlp_ratio"):
@@ -382,7 +383,7 @@ def model_preset(name: str, arch: str = "gpt", **overrides: Any) -> ModelConfig:
     ``model_preset("small", "node", vocab_size=50257)``; ``overrides`` are ModelConfig
     fields and win over the preset.
     """
-    _check_choice("preset", name, tuple(PRESETS))
+    check_choice("preset", name, tuple(PRESETS))
     base = dataclasses.replace(ModelConfig(), **{k: v for k, v in PRESETS[name].items()})
     return dataclasses.replace(for_arch(base, arch), **overrides)
 
@@ -429,7 +430,7 @@ class TrainConfig:
 
     ``dtype="bfloat16"`` trains under bf16 autocast: on CUDA, and on CPUs that compute bf16
     natively (AMX or AVX512-BF16; elsewhere ``nl.train`` refuses, see
-    ``train.check_dtype_supported``). On CUDA, float32 matmuls use TF32 tensor cores.
+    ``training.device.check_dtype_supported``). On CUDA, float32 matmuls use TF32 tensor cores.
     ``compile=True`` trains through ``torch.compile(model)`` (evaluation, checkpoints and
     decoding use the eager module, which shares its weights); its losses differ from eager ones
     in the last bits (with dropout, its masks differ too: inductor draws them with its own
@@ -474,11 +475,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
-        _check_choice("dataset", self.dataset, CORPORA)
-        _check_choice("tokenizer", self.tokenizer, TOKENIZERS)
-        _check_choice("dtype", self.dtype, DTYPES)
-        _check_choice("device", self.device, DEVICES)
-        _check_choice("eval_on", self.eval_on, EVAL_ON)
+        check_choice("dataset", self.dataset, CORPORA)
+        check_choice("tokenizer", self.tokenizer, TOKENIZERS)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("device", self.device, DEVICES)
+        check_choice("eval_on", self.eval_on, EVAL_ON)
         for key in ("batch_size", "seq_len", "max_steps", "lr", "eval_interval", "eval_batches"):
             _check_positive(key, getattr(self, key))
         for key in ("warmup_steps", "weight_decay", "grad_clip", "checkpoint_interval"):

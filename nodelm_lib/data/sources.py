@@ -97,15 +97,15 @@ STREAM_CHARS = 1 << 20
 HUB_BATCH_ROWS = 4096
 
 # nodelm_lib/data/sources.py -> the checkout (or site-packages) that holds nodelm_lib
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _candidate_dirs() -> list[tuple[Path, str]]:
     """The ../shared/data guesses, in order: next to the checkout, then next to cwd.
     ``shared/`` inside the checkout or cwd is also accepted (some copies put it there)."""
     cands = [
-        (_REPO_ROOT.parent / "shared" / "data", "../shared/data next to the checkout"),
-        (_REPO_ROOT / "shared" / "data", "shared/data in the checkout"),
+        (REPO_ROOT.parent / "shared" / "data", "../shared/data next to the checkout"),
+        (REPO_ROOT / "shared" / "data", "shared/data in the checkout"),
         (Path.cwd().parent / "shared" / "data", "../shared/data next to the working dir"),
         (Path.cwd() / "shared" / "data", "shared/data in the working dir"),
     ]
@@ -142,7 +142,7 @@ _hash_cache: dict[tuple[str, int, int], str] = {}
 _unpinned_warned: set[str] = set()
 
 
-def _sha256_of_file(path: Path, offset: int = 0) -> str:
+def sha256_of_file(path: Path, offset: int = 0) -> str:
     """sha256 of a file's bytes from ``offset`` on, read in blocks (never whole)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -153,11 +153,11 @@ def _sha256_of_file(path: Path, offset: int = 0) -> str:
 
 
 def _file_sha256(path: Path) -> str:
-    """``_sha256_of_file``, remembered per (path, size, mtime) for the life of the process."""
+    """``sha256_of_file``, remembered per (path, size, mtime) for the life of the process."""
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _hash_cache:
-        _hash_cache[key] = _sha256_of_file(path)
+        _hash_cache[key] = sha256_of_file(path)
     return _hash_cache[key]
 
 
@@ -263,7 +263,8 @@ def _hub_pieces(path: str, ds) -> Iterator[str]:
         yield _join_hub_rows(path, batch["text"])
 
 
-def _check_choice(kind: str, value, choices) -> None:
+def check_known(kind: str, value, choices) -> None:
+    """ValueError naming an unknown ``kind`` of data (corpus, split, tokenizer) and the known ones."""
     if value not in choices:
         raise ValueError(f"unknown {kind} {value!r}; valid choices: {', '.join(choices)}")
 
@@ -293,7 +294,7 @@ def _check_variant(corpus: str, variant: str | None) -> str | None:
     """The WikiText config to use (the default where ``variant`` is None), checked."""
     if corpus in WIKITEXT_VARIANTS:
         variant = variant or WIKITEXT_VARIANTS[corpus][0]
-        _check_choice(f"{corpus} variant", variant, WIKITEXT_VARIANTS[corpus])
+        check_known(f"{corpus} variant", variant, WIKITEXT_VARIANTS[corpus])
     elif variant is not None:
         raise ValueError(f"{corpus} has no variants (got {variant!r})")
     return variant
@@ -303,8 +304,8 @@ def text_source(corpus: str, split: str, data_dir=None, variant=None) -> TextSou
     """Where one split's text comes from, opened but not read (tiny-shakespeare's one small file
     is read whole, to be cut): see ``load_text`` for the corpora, variants and the order in which
     sources are tried. Logs which source it used."""
-    _check_choice("corpus", corpus, CORPORA)
-    _check_choice("split", split, SPLITS)
+    check_known("corpus", corpus, CORPORA)
+    check_known("split", split, SPLITS)
     variant = _check_variant(corpus, variant)
 
     root, where = find_data_dir(data_dir)

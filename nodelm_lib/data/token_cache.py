@@ -23,7 +23,7 @@ import numpy as np
 
 from nodelm_lib.files import atomic_write, atomic_write_text
 
-from .sources import _REPO_ROOT, TextSource, _check_choice, _sha256_of_file, text_source
+from .sources import REPO_ROOT, TextSource, check_known, sha256_of_file, text_source
 from .tokenizers import TOKENIZERS, Tokenizer, _token_dtype, get_tokenizer
 
 log = logging.getLogger("nodelm_lib.data")  # one logger for the whole package
@@ -40,8 +40,8 @@ MMAP_MIN_BYTES = 64 << 20
 def _default_cache_dir() -> Path:
     if os.environ.get("NODELM_CACHE_DIR"):
         return Path(os.environ["NODELM_CACHE_DIR"]).expanduser()
-    if (_REPO_ROOT / "pyproject.toml").is_file():  # running from a checkout
-        return _REPO_ROOT / ".cache" / "tokens"
+    if (REPO_ROOT / "pyproject.toml").is_file():  # running from a checkout
+        return REPO_ROOT / ".cache" / "tokens"
     return Path.home() / ".cache" / "nodelm" / "tokens"  # installed package
 
 
@@ -128,7 +128,7 @@ def _token_cache_problem(path: Path, ids: np.memmap, manifest, text_sha256: str,
     size = path.stat().st_size
     if size != ids.offset + ids.nbytes:
         return f"{size} bytes long, not the {ids.offset + ids.nbytes} its header gives"
-    actual = _sha256_of_file(path, ids.offset)  # read, not through the map: no pages stay resident
+    actual = sha256_of_file(path, ids.offset)  # read, not through the map: no pages stay resident
     if actual != manifest.get("tokens_sha256"):
         return f"corrupt: its tokens' sha256 is {actual}, its manifest says {manifest.get('tokens_sha256')}"
     return None
@@ -173,7 +173,7 @@ def load_tokens(corpus: str, split: str, tokenizer: str = "char", data_dir=None,
     a memmap for caches of MMAP_MIN_BYTES or more (WikiText-103) and an array otherwise.
     ``sample_batch``, ``fixed_batches`` and ``split_windows`` copy out only the windows they use.
     """
-    _check_choice("tokenizer", tokenizer, TOKENIZERS)
+    check_known("tokenizer", tokenizer, TOKENIZERS)
     if mmap not in (None, True, False):
         raise ValueError(f"mmap={mmap!r} is not valid; it must be True, False or None (by size)")
     source = text_source(corpus, split, data_dir=data_dir, variant=variant)

@@ -19,7 +19,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from . import sources
-from .sources import _check_choice, find_data_dir
+from .sources import check_known, find_data_dir
 
 log = logging.getLogger("nodelm_lib.data")  # one logger for the whole package
 
@@ -161,7 +161,7 @@ def _cut_chunks(text: str, size: int, cut: re.Pattern):
 
 def get_tokenizer(name: str, data_dir=None) -> Tokenizer:
     """Return the tokenizer called ``name`` (one of TOKENIZERS)."""
-    _check_choice("tokenizer", name, TOKENIZERS)
+    check_known("tokenizer", name, TOKENIZERS)
     return CharTokenizer() if name == "char" else GPT2Tokenizer(data_dir)
 
 

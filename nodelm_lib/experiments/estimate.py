@@ -7,7 +7,7 @@ backward pass costs about twice the forward), and
 
 The peaks (``GPUS``) are dense tensor-core throughputs from NVIDIA's datasheets (sparsity
 figures halved), for the arithmetic the trainer uses with each ``dtype``: bf16 autocast for
-``"bfloat16"``, TF32 tensor cores for ``"float32"`` (``train.enable_tf32``):
+``"bfloat16"``, TF32 tensor cores for ``"float32"`` (``training.device.enable_tf32``):
 
 - T4 (Turing): FP32 8.1 TFLOP/s; FP16 tensor cores 65 TFLOP/s (mixed precision), but no
   bf16 and no TF32. The trainer autocasts to bf16, never fp16, so both dtypes are estimated
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Union
 
 
-from nodelm_lib.config import DTYPES, TrainConfig, _check_choice, to_dict
+from nodelm_lib.config import DTYPES, TrainConfig, check_choice, to_dict
 from nodelm_lib.models import count_params
 from nodelm_lib.training.flops import forward_flops, model_with_vocab, training_flops
 from nodelm_lib.training.record import RunRecord
@@ -90,7 +90,7 @@ def gpu_seconds(flops: float, gpu: str | GPU, dtype: str = "bfloat16", mfu: floa
                 steps: int = 0, min_step_s: float = 0.0) -> float:
     """Seconds to compute ``flops`` on ``gpu`` at its ``dtype`` peak times ``mfu``; with ``steps``
     and ``min_step_s``, at least ``min_step_s`` per step (the floor of a launch-bound step)."""
-    _check_choice("dtype", dtype, DTYPES)
+    check_choice("dtype", dtype, DTYPES)
     if not 0.0 < mfu <= 1.0:
         raise ValueError(f"mfu={mfu!r} is not valid; it must be in (0, 1]")
     compute = flops / (get_gpu(gpu).tflops[dtype] * 1e12 * mfu)

@@ -1,6 +1,6 @@
 """Fast incremental decoding: every call site's weights frozen once, then plain functions per token.
 
-A token decoded through the modules (``model(idx, cache=cache)``) at the sizes of notebook 06
+A token decoded through the modules (``model(idx, cache=cache)``) at small sizes
 (d = 64, 4 layers or steps) does ~0.1 MFLOP of arithmetic per layer and ~50 module calls,
 dropout calls in eval, solver bookkeeping and per-call weight lookups: its cost is Python and
 dispatch, ~1 ms per token, within 5x of recomputing the whole window.

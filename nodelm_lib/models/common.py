@@ -65,7 +65,7 @@ class CausalLM(nn.Module):
             raise ValueError("model.vocab_size is None; set it (e.g. 256 for char, 50257 for gpt2)")
         self.cfg = cfg
         # the entries of the model file it was loaded from besides the weights and config (tokenizer,
-        # dataset, step, ...; ``checkpoints.load_model``); empty for a model built here
+        # dataset, step, ...; ``training.model_files.load_model``); empty for a model built here
         self.checkpoint_metadata: dict = {}
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None

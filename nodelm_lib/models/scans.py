@@ -12,7 +12,7 @@ a Python loop over s: the positions are cut into chunks of L, every chunk is sca
 then a loop over the T / L chunks carries each chunk's end state into the next. About
 2 L + T / L small steps instead of T; L near sqrt(T) is best. Only products of a appear,
 never :math:`\exp(-\sum \log a)`, so with a in (0, 1] nothing can overflow. It materialises
-a and b in full and is several times slower per call at 02's cpu sizes (B 12, T 64, D 128, N 16).
+a and b in full and is several times slower per call at small CPU sizes (B 12, T 64, D 128, N 16).
 
 Autograd records neither scan: each ``backward`` is the adjoint recurrence, the same scan run
 backwards, :math:`\lambda_s = g_s + a_{s+1}\lambda_{s+1}`, with
@@ -153,7 +153,7 @@ class _SelectiveScan(torch.autograd.Function):
     a block's (block, B, N, D) tensors stay in cache, so the one full-size tensor, the states H
     kept for backward, is written once and read once; the decays a are formed again per block in
     backward (``_decays``), which costs no measurable time on a CPU and saves a state-sized
-    tensor per layer. Why: at 02's cpu sizes (B 12, T 64, D 128, N 16) one full-size tensor is
+    tensor per layer. Why: at B 12, T 64, D 128, N 16 one full-size tensor is
     6 MiB, and the unblocked version's dozen passes over seven of them ran at memory speed:
     3 ms per elementwise op instead of 0.2.
 

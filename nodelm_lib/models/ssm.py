@@ -24,11 +24,11 @@ from .scans import (check_chunk_size, linear_recurrence, scan_in_float32, scan_w
 
 
 # --------------------------------------------------------------------------- under torch.compile
-# The compiler would trace _SelectiveScan's Python loops position by position: at 02's gpu sizes
+# The compiler would trace _SelectiveScan's Python loops position by position: at the seed's sizes
 # (d 256, depth 6, T 128) compiling ti_ssm then takes minutes and its compiled step runs slower
 # than eager. While compiling, the scan is instead one opaque operator, whose forward and backward
 # run the eager code above: the rest of the model compiles around it in one graph (on one CUDA GPU,
-# train.compile_for's CUDA graph is meant to replay the scan's kernels with the rest). Outputs
+# training.device.compile_for's CUDA graph is meant to replay the scan's kernels with the rest). Outputs
 # are contiguous, as the compiler assumes from the shapes the fake (meta) functions give.
 
 

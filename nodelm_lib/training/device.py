@@ -86,7 +86,7 @@ def check_dtype_supported(dtype: str, device: torch.device, flags: Iterable[str]
 
 def compile_for(model: torch.nn.Module, device: torch.device, ctx: Context = SINGLE) -> torch.nn.Module:
     """``torch.compile(model)``; on one CUDA GPU (no DDP) with CUDA graphs (``mode="reduce-overhead"``),
-    which replay a step's kernels instead of launching each from Python: at 02's gpu sizes the
+    which replay a step's kernels instead of launching each from Python: at d = 256, depth 6 the
     GPU otherwise waits on the CPU's launches (``bench/record.py --only gpu`` measures it). Not
     under DDP, whose gradient hooks run between the graph's kernels."""
     if device.type == "cuda" and not ctx.active:

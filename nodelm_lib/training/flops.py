@@ -38,7 +38,7 @@ def forward_flops_per_token(model: torch.nn.Module, seq_len: int, batch_size: in
 
     .. math:: S = F_2 - F_1, \quad P = F_1 - S, \quad \text{per token} = (P + B S) / (B T).
 
-    (At 02's cpu profile, B = 12, ``node`` counts 1.90M FLOPs per token against 3.36M at B = 1.)
+    (At d = 128, depth 4, T = 64 and B = 12, ``node`` counts 1.90M FLOPs per token against 3.36M at B = 1.)
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} is not valid; it must be a positive number of sequences")

@@ -71,7 +71,7 @@ def keep_freed_memory(largest_heap_chunk_mb: int = 32, keep_mb: int = 1024) -> b
 
     Why: a training step allocates and frees the same large tensors every step. By default glibc
     serves many of them with fresh ``mmap``s, and every page of a fresh mapping page-faults on
-    first touch: at 02's cpu config 1,600 (gpt) to 8,600 (node) faults per step, ~13% of node's
+    first touch: at d = 128, depth 4, batch 12 x 64 1,600 (gpt) to 8,600 (node) faults per step, ~13% of node's
     step time and ~5% of ti_ssm's; with this setting, none. The
     price is a resident set that stays at its high-water mark (the process's peak, which
     ``process_peak_memory_mb`` reports anyway). ``peak_memory_mb`` sets its own threshold while
