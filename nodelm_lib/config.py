@@ -440,7 +440,10 @@ class TrainConfig:
     random initialisation: fine-tuning, e.g. at another number of solver steps
     (``ablations.depth_transfer``). The parent's checkpoint is looked up beside the run's own,
     ``<out_dir>/../<init_from>/checkpoint.pt`` (``store.run`` keeps every run of a store
-    there); its model may differ from ``model`` only in depth (``n_layers``, ``ode``).
+    there); its model may differ from ``model`` only in depth (``n_layers``, ``ode``). With
+    ``lora_rank`` > 0 only low-rank adapters of that rank train (``nn.lora``, alpha = rank), the
+    parent's weights frozen: LoRA fine-tuning, e.g. to a new depth; the run's model files hold the
+    adapted weights, merged when loaded (``nn.lora.merged_state_dict``).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -472,6 +475,7 @@ class TrainConfig:
     log_dir: Union[str, None] = None
     progress: bool = True
     init_from: Union[str, None] = None
+    lora_rank: int = 0
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -499,6 +503,10 @@ class TrainConfig:
         if self.compile and self.model.ode.regularised:
             raise ValueError("compile=True with the flow regularisers (model.ode.kinetic_weight, jacobian_weight) "
                              "is not supported: the penalty is gathered as a side effect of the solve; set compile=False")
+        _check_positive("lora_rank", self.lora_rank, allow_zero=True)
+        if self.lora_rank and self.init_from is None:
+            raise ValueError(f"lora_rank={self.lora_rank} adapts a trained model with low-rank adapters: give the run "
+                             "to adapt as init_from (its config hash)")
         if (self.resume or self.checkpoint_interval) and not self.out_dir:
             raise ValueError("resume/checkpoint_interval need out_dir (where checkpoints live)")
 
@@ -517,7 +525,7 @@ NON_SEMANTIC_KEYS = frozenset({"out_dir", "checkpoint_interval", "resume", "log_
 HASHED_ONLY_IF_CHANGED = {"eval_on": "batches", "compile": False, "init_from": None, "model.position": "learned",
                           "score_test": True, "model.ode.grid_min_steps": 0, "model.ode.grid_max_steps": 0,
                           "model.ode.grid_end_jitter": 0.0, "model.ode.grid_placement": "uniform",
-                          "model.ode.kinetic_weight": 0.0, "model.ode.jacobian_weight": 0.0}
+                          "model.ode.kinetic_weight": 0.0, "model.ode.jacobian_weight": 0.0, "lora_rank": 0}
 
 
 def config_hash(cfg: TrainConfig) -> str:

@@ -244,16 +244,18 @@ def short_budget(tc: TrainConfig, fraction: float) -> TrainConfig:
                             "eval_interval": min(tc.eval_interval, steps)})
 
 
-def finetune_config(parent: TrainConfig, n_steps: int, fraction: float, lr_scale: float) -> TrainConfig:
+def finetune_config(parent: TrainConfig, n_steps: int, fraction: float, lr_scale: float,
+                    lora_rank: int = 0) -> TrainConfig:
     """The run that fine-tunes ``parent``'s final model at ``n_steps`` solver steps: the same
     seed (batch order), data and evaluation; ``short_budget(fraction)``; peak learning rate
-    ``parent.lr * lr_scale`` (``lr_scale=min_lr_ratio``: the rate the parent's schedule ended at)."""
+    ``parent.lr * lr_scale`` (``lr_scale=min_lr_ratio``: the rate the parent's schedule ended at).
+    ``lora_rank`` > 0: only low-rank adapters of that rank train (``TrainConfig.lora_rank``)."""
     if lr_scale <= 0:
         raise ValueError(f"lr_scale={lr_scale!r} is not valid; it must be > 0")
     parent_hash = run_hash(parent)  # the parent's run, whether ``parent`` is finished or not
     short = short_budget(parent, fraction)
     return with_values(short, {"model": at_depth(model_with_vocab(parent), n_steps), "lr": parent.lr * lr_scale,
-                               "init_from": parent_hash})
+                               "init_from": parent_hash, "lora_rank": lora_rank})
 
 
 def transfer_configs(parent: TrainConfig, to_steps: Iterable[int], fraction: float, lr_scale: float,

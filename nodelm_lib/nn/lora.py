@@ -146,6 +146,28 @@ def merge_lora(model: nn.Module) -> nn.Module:
     return model
 
 
+PARAMETRIZED = ".parametrizations."  # what torch's parametrize puts in an adapted weight's state_dict keys
+
+
+def merged_state_dict(state: dict[str, torch.Tensor], scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """A state_dict of an adapted model (``add_lora``'s keys: ``<m>.parametrizations.weight.original``
+    and ``.0.lora_A`` / ``.0.lora_B``) as the plain model's, each weight W + scale B A computed as the
+    adapted forward computes it; a plain state_dict is returned as it is. ``scale`` is alpha / r: 1
+    for the library's LoRA runs (``TrainConfig.lora_rank``, alpha = r). Loads a LoRA run's
+    checkpoint into ``build_model`` without adding adapters first."""
+    if not any(PARAMETRIZED in key for key in state):
+        return state
+    merged = {}
+    for key, value in state.items():
+        if PARAMETRIZED not in key:
+            merged[key] = value
+        elif key.endswith(".original"):
+            module, name = key[: key.index(PARAMETRIZED)], key.split(PARAMETRIZED)[1].split(".")[0]
+            prefix = f"{module}{PARAMETRIZED}{name}.0."
+            merged[f"{module}.{name}"] = value + scale * (state[prefix + "lora_B"] @ state[prefix + "lora_A"])
+    return merged
+
+
 def _reorder_parameters(module: nn.Module, order: list[str]) -> None:
     """Put ``module``'s parameters back in ``order``: removing a parametrization registers the
     weight last, and the state_dict would list ``bias`` before ``weight``, unlike the base model's."""

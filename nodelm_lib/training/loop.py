@@ -40,6 +40,7 @@ from nodelm_lib.data import sample_batch
 from nodelm_lib.data.words import split_words
 from nodelm_lib.files import check_folder
 from nodelm_lib.models import CausalLM, build_model
+from nodelm_lib.nn.lora import add_lora, count_lora_parameters
 from nodelm_lib.nn.losses import release_kept_buffers
 
 from . import distributed
@@ -95,6 +96,8 @@ def train(tc: TrainConfig, callback: Callable[[int, dict, CausalLM], None] | Non
     model = build_model(tc.model)
     if tc.init_from is not None:
         load_parent_weights(model, tc)
+    if tc.lora_rank:  # before the optimiser (it takes what requires grad) and a resume (its keys)
+        add_lora(model, tc.lora_rank)
     model = model.to(device)
     distributed.seed_rank(ctx, tc.seed)  # ranks > 0: dropout masks of their own
     optimizer = make_optimizer(model, tc)
@@ -195,7 +198,8 @@ def _new_record(tc: TrainConfig, model: CausalLM, local_batch: int, probe, autoc
     measures a step's activations."""
     record = RunRecord(
         config=to_dict(tc), config_hash=tc.config_hash(), seed=tc.seed,
-        params={"total": model.num_params(), "non_embedding": model.num_params(non_embedding=True)},
+        params={"total": model.num_params(), "non_embedding": model.num_params(non_embedding=True),
+                **({"trained": count_lora_parameters(model)} if tc.lora_rank else {})},
         flops_per_token=forward_flops_per_token(model, tc.seq_len, local_batch), flops_batch_size=local_batch,
         train_flops_per_token=training_forward_flops_per_token(model, tc.model.ode, tc.seq_len, local_batch),
         environment=environment(device, ctx),

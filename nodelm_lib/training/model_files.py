@@ -18,6 +18,7 @@ import torch
 from nodelm_lib.config import ModelConfig, from_dict, to_dict
 from nodelm_lib.files import atomic_write
 from nodelm_lib.models import CausalLM, build_model
+from nodelm_lib.nn.lora import merged_state_dict
 
 from .integrity import CheckpointError
 
@@ -104,7 +105,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> CausalLM
     cfg = from_dict(ModelConfig, state["model_config"])
     model = build_model(cfg)
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(merged_state_dict(state["model"]))  # a LoRA run's adapters folded in
     except RuntimeError as err:  # torch lists every mismatch, one per line: the first says enough
         first = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), str(err))
         raise ValueError(f"the weights in {path} do not fit the model config stored with them (model.arch="

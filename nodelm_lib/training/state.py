@@ -10,6 +10,7 @@ import torch
 from nodelm_lib.config import TrainConfig, to_dict
 from nodelm_lib.files import atomic_write
 from nodelm_lib.models import CausalLM
+from nodelm_lib.nn.lora import merged_state_dict
 
 from . import distributed
 from .distributed import SINGLE, Context
@@ -95,5 +96,5 @@ def load_parent_weights(model: CausalLM, tc: TrainConfig) -> None:
     if differ:
         raise ValueError(f"the model of parent run {tc.init_from} differs from this run's in {', '.join(differ)}; "
                          f"a fine-tuning run may change only {', '.join(DEPTH_FIELDS)}")
-    model.load_state_dict(state["model"])
+    model.load_state_dict(merged_state_dict(state["model"]))  # a LoRA parent's adapters folded in
 
