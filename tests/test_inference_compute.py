@@ -119,3 +119,21 @@ def test_a_loop_is_solved_on_euler_grids_only():
     assert [ic.applicable(base_model("hybrid"), s) for s in (euler, rk4, adaptive)] == [True, True, True]
     random = nl.config.with_values(flow, {"ode.grid_min_steps": 1, "ode.grid_max_steps": 4, "ode.kinetic_weight": 1.0})
     assert ic.applicable(random, adaptive)  # training-only options do not bind inference
+
+
+def test_lora_recovery_fine_tunes_in_full_and_low_rank_and_reads_back(tmp_path):
+    tc = nl.TrainConfig(model=base_model("node"), batch_size=2, seq_len=16, max_steps=8, eval_interval=8,
+                        eval_batches=2, progress=False, device="cpu", lr=3e-3)
+    store, checkpoints = tmp_path / "runs", tmp_path / "checkpoints"
+    parent = run_store.run(tc, store=store, checkpoints=checkpoints)
+    options = dict(fraction=0.5, lr_scale=1.0, split="validation", max_batches=1, store=store, checkpoints=checkpoints,
+                   isolate=False)
+    table = ic.lora_recovery([("node", parent)], [1, 4], [2], **options)
+    assert sorted(set(table["variant"])) == ["evaluated", "finetuned", "lora r2"] and len(table) == 6
+    full = table[table["variant"] == "finetuned"].iloc[0]
+    lora = table[table["variant"] == "lora r2"].iloc[0]
+    assert lora["trained"] < full["trained"] and (table[table["variant"] == "finetuned"]["recovered"] == 1.0).all()
+    assert (table[table["variant"] == "evaluated"]["recovered"] == 0.0).all()
+    for path in checkpoints.rglob("*.pt"):
+        path.unlink()
+    pd.testing.assert_frame_equal(table, ic.lora_recovery([("node", parent)], [1, 4], [2], **options))

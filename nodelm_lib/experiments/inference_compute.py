@@ -272,3 +272,60 @@ def _test(arm: str, reference: str, budget, a: pd.Series, b: pd.Series, confiden
 
 
 TEST_COLUMNS = ("mean_diff", "ci_low", "ci_high", "p_t", "p_wilcoxon")
+
+
+# --------------------------------------------------------------------------- adapting to a new depth
+
+
+def lora_recovery(parents: Iterable[tuple[str, RunRecord]], to_steps: Iterable[int], ranks: Iterable[int],
+                  fraction: float = 0.1, lr_scale: float = 1.0, split: str = "test", max_batches: int | None = None,
+                  store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
+                  isolate: bool = True, workers: int = 1, progress: bool = False, device: str = "cpu") -> pd.DataFrame:
+    """What low-rank fine-tuning recovers at a new depth, beside full fine-tuning (03's): every run of
+    ``parents`` solved at each m of ``to_steps`` as it is (``evaluated``), fine-tuned there for
+    ``fraction`` of its budget in full (``finetuned``) and with LoRA adapters of each rank
+    (``lora r<rank>``; ``ablations.finetune_config``). One row per (arm, seed, m, variant): ``loss`` on
+    the curves' batches (``split``, first ``max_batches``), ``trained`` parameters, and ``recovered``,
+    the share of the gap from ``evaluated`` to ``finetuned`` that the variant closes (1: all of it).
+    Every loss is kept beside its run's record, so a clone without the weights reads the table back."""
+    from nodelm_lib.runs.store import stored_record
+
+    from .ablations import finetune_config
+    from .sweeps import train_all, with_weights
+
+    parents, to_steps, ranks = list(parents), list(to_steps), list(ranks)
+    settings = [SolveSetting("euler", n_steps=m) for m in to_steps]
+    jobs = [(arm, parent, m, variant, finetune_config(parent.train_config, m, fraction, lr_scale, rank))
+            for arm, parent in parents for m in to_steps
+            for variant, rank in [("finetuned", 0), *((f"lora r{r}", r) for r in ranks)]]
+    labels = [f"{arm} seed {parent.seed}" for arm, parent in parents]
+    # a parent's weights are needed for a fine-tuning run not yet stored, or an evaluation not yet kept
+    needy = [i for i, (_, parent) in enumerate(parents)
+             if (curve_missing(parent, settings, split, max_batches, store)
+                 or any(p is parent and stored_record(tc, store) is None for _, p, _, _, tc in jobs))
+             and not checkpoint_path(parent.config_hash, checkpoints).exists()]
+    records = with_weights([p for _, p in parents], needy, [p.train_config for _, p in parents], labels, store,
+                           checkpoints, isolate, workers, progress, None)
+    parents = [(arm, record) for (arm, _), record in zip(parents, records)]
+    finetuned = train_all([tc for *_, tc in jobs], store, checkpoints, isolate, False, workers, progress,
+                          labels=[f"{arm} seed {p.seed} {variant} m={m}" for arm, p, m, variant, _ in jobs])
+    finetuned = with_weights_where_missing(
+        [(f"{arm} {variant} m={m}", r) for (arm, _, m, variant, _), r in zip(jobs, finetuned)],
+        lambda r: curve_missing(r, [SolveSetting("euler", n_steps=r.train_config.model.ode.n_steps)], split,
+                                max_batches, store), store, checkpoints, isolate, workers, progress, None)
+    rows = []
+    for (arm, parent, m, variant, _), record in zip(jobs, finetuned):
+        point = anytime_curve(record, [SolveSetting("euler", n_steps=m)], split, max_batches, checkpoints, store, device)
+        rows.append({"arm": arm, "seed": parent.seed, "to_steps": m, "variant": variant, "loss": point["loss"].iloc[0],
+                     "trained": record.params.get("trained", record.params.get("total"))})
+    for arm, parent in parents:
+        curve = anytime_curve(parent, settings, split, max_batches, checkpoints, store, device)
+        rows += [{"arm": arm, "seed": parent.seed, "to_steps": int(point["n_steps"]), "variant": "evaluated",
+                  "loss": point["loss"], "trained": 0} for _, point in curve.iterrows()]
+    table = pd.DataFrame(rows)
+    key = ["arm", "seed", "to_steps"]
+    ends = table.pivot_table(index=key, columns="variant", values="loss")
+    reference = pd.DataFrame({"evaluated_loss": ends["evaluated"], "gap": ends["evaluated"] - ends["finetuned"]})
+    table = table.join(reference, on=key)
+    table["recovered"] = (table["evaluated_loss"] - table["loss"]) / table["gap"]
+    return table.drop(columns=["gap", "evaluated_loss"])
