@@ -400,7 +400,24 @@ class TimeDependentField(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must say what its weights are at t")
 
 
-class ContinuousDepthLM(CausalLM):
+class OneBlockLM(CausalLM):
+    """A model whose whole body is one ``ODEBlock`` (``self.ode_block``): the embedded sequence
+    is x(0), the final hidden state x(1). The continuous families, and the weight-tied loop."""
+
+    ode_block: ODEBlock
+
+    @property
+    def field(self) -> nn.Module:
+        return self.ode_block.field
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ode_block(x)
+
+    def decode_stages(self) -> list[nn.Module]:
+        return [self.ode_block]
+
+
+class ContinuousDepthLM(OneBlockLM):
     """A single time-dependent block f(t, x) integrated over t in [0, 1] (node, ti_mlp,
     ti_ssm): the embedded sequence is x(0), the final hidden state x(1).
 
@@ -414,16 +431,6 @@ class ContinuousDepthLM(CausalLM):
         # an Euler step adds dt * f, so n steps add about one block's worth in total; the
         # residual stack adds n blocks, which the nanoGPT output-projection scaling is for
         self.init_weights(n_residual_layers=1 if cfg.integration == "ode" else cfg.n_layers)
-
-    @property
-    def field(self) -> nn.Module:
-        return self.ode_block.field
-
-    def body(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ode_block(x)
-
-    def decode_stages(self) -> list[nn.Module]:
-        return [self.ode_block]
 
 
 def continuous_block(model: nn.Module, purpose: str) -> ODEBlock:

@@ -22,7 +22,7 @@ from nodelm_lib.config import ModelConfig
 from nodelm_lib.families import Family
 from nodelm_lib.nn.layers import Block
 
-from .common import CausalLM, ODEBlock
+from .common import ODEBlock, OneBlockLM
 from .registry import register_family
 
 
@@ -60,23 +60,13 @@ class LoopedField(nn.Module):
         return a + block.mlp(block.ln_2(x if block.parallel else x + a))
 
 
-class LoopedGPT(CausalLM):
+class LoopedGPT(OneBlockLM):
     """One gpt block looped ``ode.n_steps`` times (``n_layers`` as trained)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.ode_block = ODEBlock(LoopedField(cfg), cfg.ode, cfg.dropout, integration="residual")
         self.init_weights(n_residual_layers=cfg.n_layers)  # as gpt's: the loop adds n_layers blocks' worth
-
-    @property
-    def field(self) -> nn.Module:
-        return self.ode_block.field
-
-    def body(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ode_block(x)
-
-    def decode_stages(self) -> list[nn.Module]:
-        return [self.ode_block]
 
 
 register_family(FAMILY, LoopedGPT)
