@@ -25,9 +25,7 @@ from nodelm_lib.ode.solvers import FIXED_STEP_METHODS
 
 from test_generate import small, trained_like
 
-# the loop decodes through its modules: a sequential block's residual branch has no frozen form
-# (tests/test_looped.py checks its cached decoding against recomputing)
-CASES = [(arch, "euler") for arch in ARCHS if arch != "looped"] + [(arch, m) for arch in ("hybrid", "node", "ti_mlp", "ti_ssm")
+CASES = [(arch, "euler") for arch in ARCHS] + [(arch, m) for arch in ("hybrid", "node", "ti_mlp", "ti_ssm")
                                                 for m in FIXED_STEP_METHODS if m != "euler"]
 
 

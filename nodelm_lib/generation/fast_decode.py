@@ -71,6 +71,9 @@ def run(frozen: Frozen, x: torch.Tensor, slot: dict, past: int, capacity: int) -
     if frozen.form == "sequential":
         x = x + _attention(frozen.attn, _layer_norm(x, frozen.ln_1), slot, past, capacity)
         return x + _mix(frozen.mixer, _layer_norm(x, frozen.ln_2), slot)
+    if frozen.form == "branches":  # a sequential block less its input: the solver adds the residual
+        a = _attention(frozen.attn, _layer_norm(x, frozen.ln_1), slot, past, capacity)
+        return a + _mix(frozen.mixer, _layer_norm(x + a, frozen.ln_2), slot)
     h = x
     for shift in frozen.shifts:
         h = h + shift

@@ -20,6 +20,7 @@ import torch.nn as nn
 from nodelm_lib import families
 from nodelm_lib.config import ModelConfig
 from nodelm_lib.families import Family
+from nodelm_lib.nn.frozen import Frozen, freeze_layer
 from nodelm_lib.nn.layers import Block
 
 from .common import ODEBlock, OneBlockLM
@@ -58,6 +59,12 @@ class LoopedField(nn.Module):
         block = self.block
         a = block.attn(block.ln_1(x))
         return a + block.mlp(block.ln_2(x if block.parallel else x + a))
+
+    def freeze(self, t: torch.Tensor, control=None, device=None) -> Frozen:
+        """This field for fast decoding (the same at every t)."""
+        block = self.block
+        return Frozen("field" if block.parallel else "branches", freeze_layer(block.ln_1), freeze_layer(block.attn),
+                      freeze_layer(block.ln_2), freeze_layer(block.mlp))
 
 
 class LoopedGPT(OneBlockLM):

@@ -56,8 +56,9 @@ class Frozen:
     """One evaluation of a block or an ODE field with every weight fixed.
 
     ``form``: ``"sequential"`` (x + Attn(LN_1 x), then + Mixer(LN_2 .)), ``"parallel"``
-    (x + Attn(LN_1 x) + Mixer(LN_2 x)), or ``"field"``: scale * (Attn(LN_1 h) + Mixer(LN_2 h))
-    with h = x + shift_1 + shift_2 ... (no residual: the solver adds it; no scale if None).
+    (x + Attn(LN_1 x) + Mixer(LN_2 x)), ``"field"``: scale * (Attn(LN_1 h) + Mixer(LN_2 h))
+    with h = x + shift_1 + shift_2 ... (no residual: the solver adds it; no scale if None), or
+    ``"branches"``: a sequential block less its input, a + Mixer(LN_2 (x + a)) with a = Attn(LN_1 x).
     ``mixer`` is an MLP's (c_fc, c_proj) weights, x -> W_2 GELU(W_1 x), or a ``FrozenSSM``.
     """
 
