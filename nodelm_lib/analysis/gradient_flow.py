@@ -188,10 +188,10 @@ def plot_gradient_flow(records: dict[str, RunRecord], window: int = 10) -> plt.F
 
 
 def paired_configs(hybrid: TrainConfig) -> dict[str, TrainConfig]:
-    """The baseline (``families.BASELINE``) and the hybrid of one comparison: ``hybrid``, a
-    hybrid's config, and the same config but for ``model.arch``.
+    """The baseline (``families.BASELINE``) and the hybrid of one comparison, keyed "baseline" and by
+    the hybrid's own arch: ``hybrid``, a hybrid's config, and the same config but for ``model.arch``.
 
     Same seed means the same batch order and the same evaluation batches (see ``train``),
     so the two loss curves differ only by the architecture.
     """
-    return {"baseline": replace(hybrid, model=replace(hybrid.model, arch=BASELINE)), "hybrid": hybrid}
+    return {"baseline": replace(hybrid, model=replace(hybrid.model, arch=BASELINE)), hybrid.model.arch: hybrid}
