@@ -1,6 +1,7 @@
-"""Loss against inference compute: a trained continuous-depth model solved at any cost.
+"""Loss against inference compute: a trained model with an ODE block solved at any cost.
 
-Depth is a solver setting for a continuous-depth model: the same weights can be solved on a fixed
+Depth is a solver setting for a continuous-depth model (and the weight-tied loop's number of loops
+one for ``looped``): the same weights can be solved on a fixed
 grid of any number of steps, or by an adaptive solver at a tolerance. The cost of a setting is its
 number of field evaluations (NFE) per token: every position passes through each evaluation of the
 one time-dependent block, as it passes through each layer of a stack, so NFE is the depth the
@@ -18,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
