@@ -51,7 +51,8 @@ class SolveSetting:
         if adaptive and not (self.rtol is not None and math.isfinite(self.rtol) and self.rtol > 0):
             raise ValueError(f"an adaptive method ({self.method!r}) needs rtol, a finite number > 0; got {self.rtol!r}")
         if not adaptive and not (isinstance(self.n_steps, int) and self.n_steps >= 1):
-            raise ValueError(f"a fixed-step method ({self.method!r}) needs n_steps, an integer >= 1; got {self.n_steps!r}")
+            raise ValueError(f"a fixed-step method ({self.method!r}) needs n_steps, an integer >= 1; "
+                             f"got {self.n_steps!r}")
 
     @property
     def adaptive(self) -> bool:

@@ -27,7 +27,6 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 import torch
 
-from .anytime import SolveSetting, anytime_area, anytime_profile, evaluate_settings
 from nodelm_lib import families
 from nodelm_lib.config import ModelConfig, with_values
 from nodelm_lib.reporting.stats import mean_ci, paired_test
@@ -37,6 +36,7 @@ from nodelm_lib.training.device import resolve_device
 from nodelm_lib.training.evaluation import final_eval_batches
 from nodelm_lib.training.record import RunRecord
 
+from .anytime import SolveSetting, anytime_area, anytime_profile, evaluate_settings, score_as_trained
 from .sweeps import with_weights_where_missing
 
 RANDOM, REGULARISED = "random", "reg"  # the suffixes of the arms trained on random grids, and regularised
@@ -61,7 +61,8 @@ def compute_arms(fixed: Mapping[str, Mapping[str, Any]], random_steps: tuple[int
         if random_steps is None:
             raise ValueError("a regularised arm trains on random grids: give random_steps")
         model = _on_random_grids(fixed[name]["model"], random_steps)
-        arms[f"{name} {REGULARISED}"] = {**fixed[name], "model": with_values(model, {f"ode.{k}": v for k, v in weights.items()})}
+        regularised_model = with_values(model, {f"ode.{k}": v for k, v in weights.items()})
+        arms[f"{name} {REGULARISED}"] = {**fixed[name], "model": regularised_model}
     return arms
 
 
@@ -70,7 +71,8 @@ def _has_ode_block(model: ModelConfig) -> bool:
     from nodelm_lib.models.common import ODEBlock
 
     with torch.device("meta"):
-        return any(isinstance(m, ODEBlock) for m in build_model(dataclasses.replace(model, vocab_size=model.vocab_size or 1)).modules())
+        built = build_model(dataclasses.replace(model, vocab_size=model.vocab_size or 1))  # no memory on meta
+    return any(isinstance(m, ODEBlock) for m in built.modules())
 
 
 def _on_random_grids(model: ModelConfig, steps: tuple[int, int]) -> ModelConfig:
@@ -112,19 +114,54 @@ def anytime_curve(record: RunRecord, settings: Iterable[SolveSetting], split: st
     final model over its own fixed evaluation batches of ``split`` (the first ``max_batches``),
     ``nfe`` and ``ms_per_token``. Points stored beside the record (``store``) are read back; the
     others need the final model on disk and are stored."""
-    settings = [s for s in settings if applicable(record.train_config.model, s)]
+    by_key = {point_key(s, split, max_batches): s for s in settings if applicable(record.train_config.model, s)}
+
+    def evaluate(model, keys: list[str]) -> dict[str, dict]:
+        batches = _batches(record, split, max_batches)
+        table = evaluate_settings(model, batches, [by_key[k] for k in keys], _device_of(model))
+        return {k: {c: float(row[c]) for c in ("loss", "nfe", "ms_per_token")}
+                for k, (_, row) in zip(keys, table.iterrows())}
+
+    stored = _kept_evaluations(record, list(by_key), evaluate, store, checkpoints, device)
+    return pd.DataFrame([{"config_hash": record.config_hash, "seed": record.seed, "setting": s.label,
+                          "method": s.method, "n_steps": s.n_steps, "rtol": s.rtol, "adaptive": s.adaptive, **stored[key]}
+                         for key, s in by_key.items()])
+
+
+def _kept_evaluations(record: RunRecord, keys: list[str], evaluate, store, checkpoints, device: str) -> dict[str, dict]:
+    """``record``'s stored evaluations, those of ``keys`` not stored yet computed by
+    ``evaluate(model, missing keys)`` from the run's final model and kept beside the record
+    (``store``; None: computed, not kept). The final model is needed only for a missing key."""
     if store is not None:
         store = evaluations_store(record, store, checkpoints)
     stored = read_evaluations(record, store) if store is not None else {}
-    missing = [s for s in settings if point_key(s, split, max_batches) not in stored]
+    missing = [k for k in keys if k not in stored]
     if missing:
-        stored = {**stored, **_evaluate(record, missing, split, max_batches, checkpoints, device)}
+        stored = {**stored, **evaluate(_final_model(record, checkpoints, device, missing[0]), missing)}
         if store is not None:
             write_evaluations(record, stored, store)
-    rows = [{"config_hash": record.config_hash, "seed": record.seed, "setting": s.label, "method": s.method,
-             "n_steps": s.n_steps, "rtol": s.rtol, "adaptive": s.adaptive,
-             **stored[point_key(s, split, max_batches)]} for s in settings]
-    return pd.DataFrame(rows)
+    return stored
+
+
+def _final_model(record: RunRecord, checkpoints, device: str, wanted: str):
+    """The run's final model from ``checkpoints``, in eval mode on ``device``; a FileNotFoundError
+    naming the evaluation ``wanted`` where it is not on disk."""
+    from nodelm_lib.training.model_files import load_model
+
+    path = checkpoint_path(record.config_hash, checkpoints)
+    if not path.exists():
+        raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}, and no stored evaluation "
+                                f"{wanted!r} of it; train it with run(..., need_checkpoint=True)")
+    return load_model(path, device=resolve_device(device))
+
+
+def _device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _batches(record: RunRecord, split: str, max_batches: int | None) -> list:
+    """The first ``max_batches`` of the run's own fixed evaluation batches of ``split``."""
+    return final_eval_batches(record.train_config, split)[:max_batches]
 
 
 def curve_missing(record: RunRecord, settings: Iterable[SolveSetting], split: str = "test",
@@ -135,57 +172,26 @@ def curve_missing(record: RunRecord, settings: Iterable[SolveSetting], split: st
                if applicable(record.train_config.model, s))
 
 
-def _evaluate(record: RunRecord, settings: list[SolveSetting], split: str, max_batches: int | None, checkpoints,
-              device: str) -> dict[str, dict]:
-    from nodelm_lib.training.model_files import load_model
-
-    path = checkpoint_path(record.config_hash, checkpoints)
-    if not path.exists():
-        raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}, and no stored evaluation of it "
-                                f"at {settings[0].label}; train it with run(..., need_checkpoint=True)")
-    device = resolve_device(device)
-    model = load_model(path, device=device)
-    batches = final_eval_batches(record.train_config, split)[:max_batches]
-    table = evaluate_settings(model, batches, settings, device)
-    return {point_key(s, split, max_batches): {k: float(row[k]) for k in ("loss", "nfe", "ms_per_token")}
-            for s, (_, row) in zip(settings, table.iterrows())}
-
-
 def trained_points(models: Iterable[tuple[str, RunRecord]], split: str = "test", max_batches: int | None = None,
-                   device: str = "cpu", store: str | Path = DEFAULT_STORE, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
-                   isolate: bool = True, workers: int = 1, progress: bool = False, launcher=None) -> pd.DataFrame:
+                   device: str = "cpu", store: str | Path = DEFAULT_STORE,
+                   checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, workers: int = 1,
+                   progress: bool = False, launcher=None) -> pd.DataFrame:
     """Every run of ``models`` at the one setting a stack of layers has, as it was trained: ``loss``
     on the same batches as the curves, ``nfe`` = its blocks per token (``n_layers``, one field
     evaluation's worth each) and ``ms_per_token``: the fixed-depth points the curves are read
     against (``gpt`` at its compute). Stored beside each record as the curves are."""
     models = list(models)
-    key = lambda r: point_key(AS_TRAINED, split, max_batches)  # noqa: E731
-    records = with_weights_where_missing(models, lambda r: key(r) not in read_evaluations(r, store), store,
+    key = point_key(AS_TRAINED, split, max_batches)
+    records = with_weights_where_missing(models, lambda r: key not in read_evaluations(r, store), store,
                                          checkpoints, isolate, workers, progress, launcher)
-    rows = []
-    for (arm, _), record in zip(models, records):
-        where = evaluations_store(record, store, checkpoints)
-        stored = read_evaluations(record, where)
-        if key(record) not in stored:
-            stored = {**stored, key(record): _evaluate_as_trained(record, split, max_batches, checkpoints, device)}
-            write_evaluations(record, stored, where)
-        rows.append({"arm": arm, "config_hash": record.config_hash, "seed": record.seed, "setting": AS_TRAINED,
-                     **stored[key(record)]})
-    return pd.DataFrame(rows)
 
+    def evaluate(record: RunRecord):
+        return lambda model, keys: {key: score_as_trained(model, _batches(record, split, max_batches),
+                                                          _device_of(model))}
 
-def _evaluate_as_trained(record: RunRecord, split: str, max_batches: int | None, checkpoints, device: str) -> dict:
-    from nodelm_lib.training.model_files import load_model
-
-    from .anytime import score_as_trained
-
-    path = checkpoint_path(record.config_hash, checkpoints)
-    if not path.exists():
-        raise FileNotFoundError(f"no final model of run {record.config_hash} at {path}, and no stored evaluation of "
-                                "it as trained; train it with run(..., need_checkpoint=True)")
-    device = resolve_device(device)
-    model = load_model(path, device=device)
-    return score_as_trained(model, final_eval_batches(record.train_config, split)[:max_batches], device)
+    return pd.DataFrame([{"arm": arm, "config_hash": record.config_hash, "seed": record.seed, "setting": AS_TRAINED,
+                          **_kept_evaluations(record, [key], evaluate(record), store, checkpoints, device)[key]}
+                         for (arm, _), record in zip(models, records)])
 
 
 def anytime_curves(models: Iterable[tuple[str, RunRecord]], settings: Iterable[SolveSetting], split: str = "test",
@@ -315,7 +321,8 @@ def lora_recovery(parents: Iterable[tuple[str, RunRecord]], to_steps: Iterable[i
                                 max_batches, store), store, checkpoints, isolate, workers, progress, None)
     rows = []
     for (arm, parent, m, variant, _), record in zip(jobs, finetuned):
-        point = anytime_curve(record, [SolveSetting("euler", n_steps=m)], split, max_batches, checkpoints, store, device)
+        point = anytime_curve(record, [SolveSetting("euler", n_steps=m)], split, max_batches, checkpoints, store,
+                              device)
         rows.append({"arm": arm, "seed": parent.seed, "to_steps": m, "variant": variant, "loss": point["loss"].iloc[0],
                      "trained": record.params.get("trained", record.params.get("total"))})
     for arm, parent in parents:

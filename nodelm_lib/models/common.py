@@ -349,9 +349,11 @@ class ODEBlock(nn.Module):
                 params=(*self.field.parameters(), *(a for a in args if torch.is_tensor(a) and a.requires_grad)),
                 counters=self.counters,
             )
-        self.penalty = field.penalty() if regularised else None
-        weights = {"kinetic": ode.kinetic_weight, "jacobian": ode.jacobian_weight}
-        self.flow_integrals = {k: v for k, v in field.integrals().items() if weights[k] > 0} if regularised else {}
+        self.penalty, self.flow_integrals = None, {}
+        if regularised:  # the integrals logged are those the loss weighs
+            weights = {"kinetic": ode.kinetic_weight, "jacobian": ode.jacobian_weight}
+            self.penalty = field.penalty()
+            self.flow_integrals = {k: v for k, v in field.integrals().items() if weights[k] > 0}
         return states[-1]
 
     def field_times(self, x: torch.Tensor) -> torch.Tensor | None:

@@ -254,7 +254,8 @@ def train_step(model, step_model, optimizer, tc, step, train_tokens, batch_gen, 
         model.draw_step(tc.seed, step)
     with autocast():
         _, loss = step_model(x, y, return_logits=False)
-    penalty, flow = model.flow_penalty()  # the flow regularisers: minimised with the loss, not logged in it
+    # the flow regularisers: minimised with the loss, not logged in it
+    penalty, flow = model.flow_penalty() if ode.regularised else (None, {})
     # the global batch's loss on every rank, so that every rank stops at a non-finite one together
     loss_value = distributed.global_mean(ctx, loss)
     if not math.isfinite(loss_value):
