@@ -148,10 +148,11 @@ def solved_as(model: CausalLM, ode: dict | None):
     if not blocks:
         model.set_ode(**ode)  # refuses with the reason: no ODE block to solve otherwise
     before = [block.ode for block in blocks]
-    for block in blocks:  # a bad value is refused here, before any block changes
-        dataclasses.replace(block.ode.for_inference(), **ode)
-    for block in blocks:  # training-only options (random grids, regularisers) do not apply here
-        block.ode = dataclasses.replace(block.ode.for_inference(), **ode)
+    # training-only options (random grids, regularisers) do not apply here; a bad value is refused
+    # before any block changes
+    changed = [dataclasses.replace(block.ode.for_inference(), **ode) for block in blocks]
+    for block, config in zip(blocks, changed):
+        block.ode = config
     try:
         yield model
     finally:
