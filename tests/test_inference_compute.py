@@ -78,6 +78,15 @@ def test_areas_and_the_curve_table():
     assert row["loss"] == pytest.approx(ci["mean"]) and row["ci_low"] == pytest.approx(ci["ci_low"]) and row["n_seeds"] == 5
 
 
+def test_the_curve_grid_has_an_arm_per_row_and_a_setting_per_column_in_the_order_given():
+    table = ic.curve_table(synthetic_curves())
+    grid = ic.curve_grid(table, ["loop", "absent", "flow"], [SolveSetting("euler", n_steps=8), "euler 1", "dopri5 rtol=0.01"])
+    assert grid["arm"].tolist() == ["loop", "flow"]
+    assert list(grid.columns) == ["arm", "euler 8", "euler 1", "dopri5 rtol=0.01"]
+    flow8 = table[(table["arm"] == "flow") & (table["setting"] == "euler 8")]["loss"].item()
+    assert grid.set_index("arm").loc["flow", "euler 8"] == flow8 and grid["dopri5 rtol=0.01"].isna().all()
+
+
 def test_a_curve_is_stored_beside_its_record_and_read_back_without_the_weights(tmp_path):
     tc = nl.TrainConfig(model=base_model("node"), batch_size=2, seq_len=16, max_steps=3, eval_interval=3,
                         eval_batches=2, progress=False, device="cpu")

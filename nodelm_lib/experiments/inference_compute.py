@@ -223,6 +223,16 @@ def curve_table(curves: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def curve_grid(table: pd.DataFrame, arms: Iterable[str], settings: Iterable[SolveSetting | str]) -> pd.DataFrame:
+    """``curve_table``'s mean losses as one row per arm (in the order of ``arms``) and one column
+    per setting (in the order of ``settings``; a setting an arm cannot be solved at is left empty):
+    the loss-vs-NFE curves at a glance, for the docs and the README."""
+    labels = [s.label if isinstance(s, SolveSetting) else s for s in settings]
+    wide = table.pivot(index="arm", columns="setting", values="loss")
+    arms = [a for a in arms if a in wide.index]
+    return wide.reindex(index=arms, columns=labels).rename_axis(index="arm", columns=None).reset_index()
+
+
 def profiles(curves: pd.DataFrame, budgets: Iterable[float]) -> pd.DataFrame:
     """Every run's anytime profile (the best loss within each NFE budget, ``anytime_profile``): one
     row per (arm, seed, budget)."""
