@@ -183,3 +183,45 @@ def test_the_figure_marks_the_training_context_on_a_log_axis():
     assert any(line.get_xdata()[0] == 4 for line in ax.get_lines()[2:])  # the dashed training-context line
     (described,) = axes_description(fig)
     assert described["xlabel"] and described["ylabel"] and "16" in described["title"]
+
+
+def test_the_claim_tests_are_scipys_paired_t_with_holm_over_every_claim():
+    from scipy import stats
+
+    rng = np.random.default_rng(9)
+    rows = []
+    for arm, slope in (("gpt", 0.3), ("ssm", 0.1), ("ti_ssm", 0.12)):
+        for seed in range(4):
+            noise = rng.normal(0, 0.02, 16)
+            for p in range(16):
+                band = 0 if p < 4 else int(np.log2(p // 4)) + 1
+                rows.append({"arm": arm, "seed": seed, "config_hash": f"{arm}{seed}", "window": 16, "position": p,
+                             "loss": 2.0 + slope * band + noise[p], "windows": 5})
+    curves = pd.DataFrame(rows)
+    comparisons = long_context.claim_comparisons(["gpt", "ssm", "ti_ssm"], "gpt")
+    assert comparisons == [("change", "ssm", "gpt"), ("change", "ti_ssm", "gpt"), ("change", "ti_ssm", "ssm"),
+                           ("last band", "ti_ssm", "gpt"), ("trained band", "ti_ssm", "gpt")]
+    tests = long_context.claim_tests(curves, 4, comparisons)
+    assert list(zip(tests["quantity"], tests["arm"], tests["reference"])) == comparisons
+    per_run = long_context.seed_quantities(curves, 4).set_index(["quantity", "arm", "seed"])["loss"]
+    raw = []
+    for (quantity, arm, reference), (_, row) in zip(comparisons, tests.iterrows()):
+        a, b = per_run.loc[(quantity, arm)].to_numpy(), per_run.loc[(quantity, reference)].to_numpy()
+        ref = stats.ttest_rel(a, b)
+        assert row["mean_diff"] == pytest.approx(np.mean(a - b), rel=1e-9)
+        assert row["p_t"] == pytest.approx(ref.pvalue, rel=1e-9)
+        raw.append(ref.pvalue)
+    order = np.argsort(raw)
+    expected = np.minimum(1, np.maximum.accumulate((len(raw) - np.arange(len(raw))) * np.array(raw)[order]))
+    assert tests["p_t_holm"].to_numpy()[order] == pytest.approx(expected, rel=1e-9)
+    # the known truth: ssm degrades 2 x (0.3 - 0.1) = 0.4 nats less than gpt over two bands past the context
+    change = tests.set_index(["quantity", "arm", "reference"]).loc[("change", "ssm", "gpt")]
+    assert change["mean_diff"] == pytest.approx(-0.4, abs=0.05) and change["verdict"] == "better"
+    assert tests.loc[0, "label"] == "change [8, 16) - [0, 4)"
+
+
+def test_a_claim_on_an_unknown_quantity_or_reference_is_refused():
+    with pytest.raises(ValueError, match="unknown quantity"):
+        long_context.claim_tests(synthetic_curves(), 4, [("peak", "uses", "breaks")])
+    with pytest.raises(ValueError, match="reference 'gpt' is not one of the arms"):
+        long_context.claim_comparisons(["uses", "breaks"], "gpt")

@@ -1,5 +1,6 @@
 """Notebook 07's library: fitted trends (trends.py) checked against scipy and synthetic truth, the
-bootstrap's coverage, the iso read-offs, the reuse of notebook 02's runs, and clear errors."""
+t-intervals over seeds and their coverage, the slope tests against scipy, the iso read-offs, the
+reuse of notebook 02's runs, and clear errors."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_the_power_law_profile_is_scipys_non_negative_least_squares(seed):
 
 
 def test_the_scaling_analysis_does_not_depend_on_the_blas_kernels(tmp_path):
-    """07's fits, bootstrap and tests use no BLAS and no vector exp/log: run under two of
+    """07's fits, intervals and tests use no BLAS and no vector exp/log: run under two of
     OpenBLAS's kernel sets (as on two kinds of CPU) they write the same bytes. Before, a
     least-squares solve through the BLAS moved the committed tests in the 15th digit."""
     import subprocess
@@ -88,7 +89,7 @@ def test_the_scaling_analysis_does_not_depend_on_the_blas_kernels(tmp_path):
               "p = pd.read_csv(sys.argv[1])\n"
               "fit = lambda q: pd.Series({(a, k): v for a, g in q.groupby('arm')\n"
               "    for k, v in trends.fit_trend(g['params'], g['test_loss']).params.items()})\n"
-              "print(trends.bootstrap(p, fit, n_boot=200).to_csv(), trends.jackknife(p, fit).to_csv())\n")
+              "print(trends.seed_t_intervals(p, fit, n_boot=200).to_csv(), trends.jackknife(p, fit).to_csv())\n")
     outputs = []
     for core in ("Haswell", "Sandybridge"):
         env = {**os.environ, "OPENBLAS_CORETYPE": core}
@@ -129,27 +130,27 @@ def test_extrapolation_is_outside_the_fitted_range():
     assert trend.extrapolates([5e4, 1e5, 5e5, 1e6, 2e6]).tolist() == [True, False, False, False, True]
 
 
-# --------------------------------------------------------------------------- bootstrap and jackknife
+# --------------------------------------------------------------------------- t-intervals over seeds and jackknife
 
 
 def seed_frame(values: dict) -> pd.DataFrame:
     return pd.DataFrame([{"seed": s, "v": v} for s, v in values.items()])
 
 
-def test_the_bootstrap_leaves_out_replicates_that_are_not_finite():
+def test_the_seed_intervals_leave_out_resamples_that_are_not_finite():
     """A resample with an infinite statistic (here a range of 0) is left out of the SD, as NaN is."""
     points = pd.DataFrame({"seed": [0, 1, 2], "y": [1.0, 2.0, 4.0]})
     with np.errstate(divide="ignore"):
-        row = trends.bootstrap(points, lambda p: pd.Series({"r": 1 / (p["y"].max() - p["y"].min())})).loc["r"]
+        row = trends.seed_t_intervals(points, lambda p: pd.Series({"r": 1 / (p["y"].max() - p["y"].min())})).loc["r"]
     draws, _ = trends.seed_draws([0, 1, 2])
     y = points["y"].to_numpy()
     finite = [1 / np.ptp(y[list(d)]) for d in draws if np.ptp(y[list(d)]) > 0]
     assert row["sd_boot"] == pytest.approx(np.std(finite)) and math.isfinite(row["ci_low"])
 
 
-def test_the_exact_bootstrap_interval_of_a_mean_is_the_t_interval():
+def test_the_seed_interval_of_a_mean_is_the_t_interval():
     points = seed_frame({0: 1.70, 1: 1.74, 2: 1.69})
-    boot = trends.bootstrap(points, lambda p: pd.Series({"mean": p["v"].mean()}))
+    boot = trends.seed_t_intervals(points, lambda p: pd.Series({"mean": p["v"].mean()}))
     row, ref = boot.loc["mean"], stats.mean_ci(points["v"])
     assert bool(row["exact"]) and row["n_boot"] == 27  # all 3**3 draws
     assert (row["ci_low"], row["ci_high"]) == pytest.approx((ref["ci_low"], ref["ci_high"]), rel=1e-12)
@@ -187,7 +188,7 @@ def synthetic_arm(rng, n_seeds, x, truth, noise=0.02, seed_sd=0.02):
     # a refitted power law: close to nominal
     (trends.POWER_LAW, lambda x: power(x, 1.4, 40.0, 0.3), 150, 0.88, 0.99),
 ])
-def test_the_bootstrap_interval_covers_the_truth_at_about_its_nominal_rate(form, truth, reps, lo, hi):
+def test_the_seed_t_interval_covers_the_truth_at_about_its_nominal_rate(form, truth, reps, lo, hi):
     rng = np.random.default_rng(11)
     x, at = np.array([2e5, 4.5e5, 8e5, 1.8e6]), 6e5  # read off between the sizes, as notebook 07 does
 
@@ -197,7 +198,7 @@ def test_the_bootstrap_interval_covers_the_truth_at_about_its_nominal_rate(form,
     covered = 0
     for _ in range(reps):
         points = synthetic_arm(rng, 3, x, truth, noise=0.01, seed_sd=0.01)
-        row = trends.bootstrap(points, read_off).loc["y"]
+        row = trends.seed_t_intervals(points, read_off).loc["y"]
         covered += row["ci_low"] <= truth(at) <= row["ci_high"]
     assert lo <= covered / reps <= hi
 
@@ -246,6 +247,97 @@ def test_a_tie_is_claimed_only_by_tost_within_the_margin():
     noisy = sweep_points({"gpt": gpt, "same": same}, seeds=range(3), noise=0.03, rng=rng)
     assert set(scaling.analyse(noisy, equivalence_margin=0.02, n_boot=200).tests["verdict"]) == {
         "not resolved at 3 seeds"}
+
+
+# --------------------------------------------------------------------------- slopes, paired by seed
+
+
+def slope_sweep(rng, seeds=range(3)):
+    """gpt falls 0.03 per unit of ln P; "steep" falls 0.08 (per doubling: 0.03 ln 2 and 0.08 ln 2);
+    "flat" as gpt. Each seed has its own slope jitter (so the per-seed slopes differ) and noise."""
+    truth = {"gpt": 0.03, "steep": 0.08, "flat": 0.03}
+    jitter = {(arm, s): rng.normal(0, 0.004) for arm in truth for s in seeds}
+    rows = []
+    for arm, b in truth.items():
+        for w in (64, 96, 128, 192):
+            P = 50 * w * w
+            for s in seeds:
+                loss = 3.0 - (b + jitter[(arm, s)]) * np.log(P) + rng.normal(0, 0.002)
+                rows.append({"cell": scaling.cell_name(arm, w), "arm": arm, "width": w, "seed": s, "lr": 1e-3,
+                             "params_non_embedding": P, "train_flops": 6.0 * P * 1e6, "val_loss": loss,
+                             "test_loss": loss, "ms_per_step": 1.0})
+    return pd.DataFrame(rows), truth
+
+
+def test_the_slope_tests_are_scipys_paired_t_on_each_seeds_own_fit_with_holm():
+    from scipy import stats as sp
+
+    points, truth = slope_sweep(np.random.default_rng(4), seeds=range(5))
+    fitted = scaling.fit_trends(points)
+    tests = scaling.slope_tests(points, fitted, "gpt").set_index(["axis", "arm"])
+    assert sorted(tests.index) == sorted((a, arm) for a in scaling.AXES for arm in ("steep", "flat"))
+
+    def own_slopes(arm, col):
+        g = points[points["arm"] == arm]
+        return np.array([np.polyfit(np.log(s[col]), s["test_loss"], 1)[0] * math.log(2)
+                         for _, s in g.groupby("seed")])
+
+    raw = {}
+    for axis, (col, _) in scaling.AXES.items():
+        for arm in ("steep", "flat"):
+            a, b = own_slopes(arm, col), own_slopes("gpt", col)
+            ref = sp.ttest_rel(a, b)
+            row = tests.loc[(axis, arm)]
+            assert row["mean_diff"] == pytest.approx(np.mean(a - b), rel=1e-9)
+            assert row["p_t"] == pytest.approx(ref.pvalue, rel=1e-9)
+            ci = ref.confidence_interval(0.95)
+            assert (row["ci_low"], row["ci_high"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+            assert row["slope"] == pytest.approx(a.mean()) and row["reference_slope"] == pytest.approx(b.mean())
+            raw[(axis, arm)] = ref.pvalue
+    # Holm over the 4 tests together (both axes): scaled by 4, 3, 2, 1 in order of p, kept monotone
+    order = sorted(raw, key=raw.get)
+    running = 0.0
+    for k, key in enumerate(order):
+        running = max(running, min(1.0, (len(order) - k) * raw[key]))
+        assert tests.loc[key, "p_t_holm"] == pytest.approx(running, rel=1e-9)
+    # the known truth: steep falls (0.08 - 0.03) ln 2 faster per doubling, flat as gpt
+    assert tests.loc[("params", "steep"), "mean_diff"] == pytest.approx(-0.05 * math.log(2), abs=0.005)
+    assert tests.loc[("params", "steep"), "verdict"] == "better"
+    assert tests.loc[("params", "flat"), "verdict"] == "no significant difference"
+
+
+def test_the_slope_of_a_log_linear_trend_is_the_mean_of_the_per_seed_fits_with_the_fits_interval():
+    """With every run present, the per-seed slopes' mean and t-interval are the fits table's."""
+    points, _ = slope_sweep(np.random.default_rng(6))
+    result = scaling.analyse(points, reference="gpt", n_boot=200)
+    tests = scaling.slope_tests(points, result.trends, "gpt").set_index(["axis", "arm"])
+    fits = result.fits.set_index(["axis", "arm"])
+    for axis, (_, label) in scaling.AXES.items():
+        fit = fits.loc[(label, "steep")]
+        row = tests.loc[(axis, "steep")]
+        assert (row["slope"], row["slope_ci_low"], row["slope_ci_high"]) == pytest.approx(
+            (fit["slope_per_doubling"], fit["slope_per_doubling_ci_low"], fit["slope_per_doubling_ci_high"]),
+            rel=1e-9)
+
+
+def test_slope_tests_with_and_without_leave_out_the_flagged_run_only_in_the_second():
+    from nodelm_lib.experiments import divergence
+
+    points, _ = slope_sweep(np.random.default_rng(7))
+    bad = (points["cell"] == "steep d=96") & (points["seed"] == 0)
+    points.loc[bad, ["val_loss", "test_loss"]] += 0.5
+    flags = divergence.diverged(points, divergence.DivergenceRule("bigram", 0.1), {"bigram": 9.0}, group="cell")
+    assert flags.to_numpy().tolist() == bad.to_numpy().tolist()
+    both = scaling.slope_tests_with_and_without(points, scaling.fit_trends(points), flags, "gpt")
+    assert list(both["runs"].unique()) == ["all", "diverged left out"]
+    assert set(both.loc[both["runs"] == "diverged left out", "n_left_out"]) == {1}
+    steep = both[(both["arm"] == "steep") & (both["axis"] == "params")].set_index("runs")
+    kept = points[~bad & (points["arm"] == "steep") & (points["seed"] == 0)]
+    own = np.polyfit(np.log(kept["params_non_embedding"]), kept["test_loss"], 1)[0] * math.log(2)
+    others = [np.polyfit(np.log(g["params_non_embedding"]), g["test_loss"], 1)[0] * math.log(2)
+              for s, g in points[points["arm"] == "steep"].groupby("seed") if s != 0]
+    assert steep.loc["diverged left out", "slope"] == pytest.approx(np.mean([own, *others]), rel=1e-9)
+    assert steep.loc["all", "slope"] != pytest.approx(steep.loc["diverged left out", "slope"], abs=1e-3)
 
 
 # --------------------------------------------------------------------------- notebook 02's runs

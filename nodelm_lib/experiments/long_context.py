@@ -212,3 +212,76 @@ def _summary(values: np.ndarray, confidence: float) -> dict:
 
     s = mean_ci(values, confidence)
     return {"mean": s["mean"], "ci_half": s["ci_half"], "n": s["n"]}
+
+
+# --------------------------------------------------------------------------- paired tests of the claims
+
+#: the quantities a test compares, per run, on the longest window: the loss over the trained band
+#: [0, T), over the last band, and the change from the one to the other (the degradation)
+QUANTITIES = ("trained band", "last band", "change")
+
+
+def seed_quantities(curves: "pd.DataFrame", train_context: int) -> "pd.DataFrame":
+    """Per run (arm, seed) on the longest window: one row per quantity of ``QUANTITIES`` with its
+    ``label`` (as in ``long_context_table``: the band, or "change <last> - <first>") and ``loss``."""
+    import pandas as pd
+
+    longest = int(curves["window"].max())
+    bands = band_losses(curves[curves["window"] == longest], train_context)
+    spans = context_bands(train_context, longest)
+    first, last = band_label(*spans[0]), band_label(*spans[-1])
+    labels = {"trained band": first, "last band": last, "change": f"change {last} - {first}"}
+    rows = []
+    for (arm, seed), g in bands.groupby(["arm", "seed"], sort=False):
+        loss = g.set_index("band")["loss"]
+        values = {"trained band": loss[first], "last band": loss[last], "change": loss[last] - loss[first]}
+        rows += [{"arm": arm, "seed": seed, "quantity": q, "label": labels[q], "loss": float(values[q])}
+                 for q in QUANTITIES]
+    return pd.DataFrame(rows)
+
+
+def claim_comparisons(arms, reference: str = "gpt") -> list[tuple[str, str, str]]:
+    """08's claims as (quantity, arm, reference) comparisons: every arm's change against
+    ``reference``'s (which degrades less), ``ti_ssm``'s change against ``ssm``'s (the mixer or the
+    time index), and ``ti_ssm`` against ``reference`` in the last band (the SSM guide's claim: better
+    on long sequences) and in the trained band; those naming an arm not in ``arms`` are left out."""
+    arms = list(arms)
+    if reference not in arms:
+        raise ValueError(f"reference {reference!r} is not one of the arms {arms}")
+    out = [("change", arm, reference) for arm in arms if arm != reference]
+    if "ti_ssm" in arms and "ssm" in arms:
+        out.append(("change", "ti_ssm", "ssm"))
+    if "ti_ssm" in arms and reference != "ti_ssm":
+        out += [("last band", "ti_ssm", reference), ("trained band", "ti_ssm", reference)]
+    return out
+
+
+def claim_tests(curves: "pd.DataFrame", train_context: int, comparisons, confidence: float = 0.95) -> "pd.DataFrame":
+    """Paired tests by seed of ``comparisons`` ((quantity, arm, reference) of ``QUANTITIES``, e.g.
+    ``claim_comparisons``) on ``seed_quantities``: ``comparisons.compare_arms`` (paired t, Wilcoxon;
+    ``mean_diff`` is arm minus reference) per (quantity, reference), Holm over every comparison
+    together (``comparisons.holm_family``). Columns ``quantity`` and ``label`` name what is compared."""
+    import pandas as pd
+
+    from nodelm_lib.reporting.comparisons import compare_arms, holm_family
+
+    comparisons = list(comparisons)
+    bad = [c for c in comparisons if c[0] not in QUANTITIES]
+    if bad:
+        raise ValueError(f"comparisons {bad} name an unknown quantity; choose from {list(QUANTITIES)}")
+    per_run = seed_quantities(curves, train_context)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for quantity, arm, reference in comparisons:
+        groups.setdefault((quantity, reference), []).append(arm)
+    tables = {}
+    for (quantity, reference), arms in groups.items():
+        rows = per_run[(per_run["quantity"] == quantity) & per_run["arm"].isin([reference, *arms])]
+        tables[f"{quantity} vs {reference}"] = compare_arms(rows, "loss", reference, confidence=confidence)
+    out = holm_family(tables)
+    labels = per_run.drop_duplicates("quantity").set_index("quantity")["label"]
+    quantity = out["family"].str.rpartition(" vs ")[0]
+    order = {c: i for i, c in enumerate(comparisons)}
+    out = out.assign(quantity=quantity, label=quantity.map(labels)).drop(columns="family")
+    out = out.iloc[sorted(range(len(out)), key=lambda i: order[(out["quantity"].iloc[i], out["arm"].iloc[i],
+                                                                out["reference"].iloc[i])])]
+    return out[["quantity", "label", *[c for c in out.columns if c not in ("quantity", "label")]]].reset_index(drop=True)

@@ -13,7 +13,9 @@ protocol, with fitted trends and iso-parameter / iso-FLOP comparisons to ``gpt``
   searched by ``lr_selection.select_lr_refined`` (grown at an edge or beside a cliff).
 - **Trends** (``trends.py``): per arm, test loss against non-embedding parameters and against
   training FLOPs, a saturating power law or, where the points cannot carry it, a log-linear line;
-  intervals from a bootstrap over seeds (``analyse``).
+  t-intervals over seeds (``analyse``; for a log-linear trend, the t-interval of the per-seed fits).
+- **Slopes** (``slope_tests``): each seed's own fit of an arm, its loss change per doubling, minus
+  ``gpt``'s for the same seed: a paired test per arm and x axis, Holm over them all.
 - **Iso comparisons** (``iso_table``): at every width, each arm's fitted loss at ``gpt``'s
   parameter count and at ``gpt``'s training FLOPs, minus ``gpt``'s. Read-offs outside an arm's
   fitted range are marked as extrapolations and get no test; the others are tested per seed
@@ -223,7 +225,7 @@ def iso_targets(points: pd.DataFrame, reference: str = "gpt") -> pd.DataFrame:
 
 def _trend_values(points: pd.DataFrame, forms: dict, targets: pd.DataFrame, reference: str,
                   metric: str) -> pd.Series:
-    """Every number the bootstrap needs from one set of points, keyed (axis, arm, what, width):
+    """Every number the intervals need from one set of points, keyed (axis, arm, what, width):
     the trend's parameters and its slope per doubling at the middle of its own range (width 0), its
     loss at each target and the difference to ``reference``'s there."""
     values = {}
@@ -250,19 +252,20 @@ class Analysis:
     """``analyse``'s answer: ``fits`` (one row per arm and axis), ``iso`` (one row per axis,
     width and arm), ``tests`` (the paired tests of the interpolated read-offs on the seeds'
     jackknife pseudo-values, one Holm family; their ``mean_diff`` is the jackknife estimate),
-    ``trends`` ((axis, arm) -> Trend) and ``boot`` (every bootstrapped number)."""
+    ``trends`` ((axis, arm) -> Trend) and ``intervals`` (every number with its t-interval over
+    seeds, ``trends.seed_t_intervals``)."""
 
     fits: pd.DataFrame
     iso: pd.DataFrame
     tests: pd.DataFrame
     trends: dict
-    boot: pd.DataFrame
+    intervals: pd.DataFrame
 
 
 def analyse(points: pd.DataFrame, reference: str = "gpt", equivalence_margin: float = 0.02,
             curvature_p: float = 0.05, n_boot: int = 2000, confidence: float = 0.95, rng: int = 0,
             metric: str = "test_loss") -> Analysis:
-    """Trends, bootstrap intervals and iso comparisons of a width sweep's runs (``points``: the
+    """Trends, t-intervals over seeds and iso comparisons of a width sweep's runs (``points``: the
     sweep's table ``with_cells``). Forms are chosen once on all seeds (``fit_trends``) and kept in
     every resample."""
     if not (isinstance(equivalence_margin, (int, float)) and equivalence_margin > 0):
@@ -270,16 +273,16 @@ def analyse(points: pd.DataFrame, reference: str = "gpt", equivalence_margin: fl
     fitted = fit_trends(points, curvature_p, metric)
     targets = iso_targets(points, reference)
     forms = {k: t.form for k, t in fitted.items()}
-    boot = trends.bootstrap(points, lambda p: _trend_values(p, forms, targets, reference, metric),
-                            n_boot=n_boot, confidence=confidence, rng=rng)
+    intervals = trends.seed_t_intervals(points, lambda p: _trend_values(p, forms, targets, reference, metric),
+                                        n_boot=n_boot, confidence=confidence, rng=rng)
     pseudo = trends.jackknife(points, lambda p: _trend_values(p, forms, targets, reference, metric))
     tests = _iso_tests(pseudo, fitted, targets, reference, equivalence_margin)
-    return Analysis(_fits_table(fitted, boot), _iso_table(fitted, boot, targets, tests, reference),
-                    tests, fitted, boot)
+    return Analysis(_fits_table(fitted, intervals), _iso_table(fitted, intervals, targets, tests, reference),
+                    tests, fitted, intervals)
 
 
 def _boot_row(boot: pd.DataFrame, key: tuple) -> dict:
-    """The estimate and interval of one bootstrapped number as column suffixes ("", "_ci_low",
+    """The estimate and interval of one number of ``Analysis.intervals`` as column suffixes ("", "_ci_low",
     "_ci_high"); NaN where the number does not exist (E of a log-linear trend)."""
     if key not in boot.index:
         return {"": math.nan, "_ci_low": math.nan, "_ci_high": math.nan}
@@ -340,3 +343,66 @@ def _iso_table(fitted, boot, targets, tests, reference) -> pd.DataFrame:
                             "verdict": "extrapolated: not tested" if row["extrapolated"] else "not tested"})
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- slopes, paired by seed
+
+
+def seed_slopes(points: pd.DataFrame, fitted: dict, metric: str = "test_loss") -> pd.DataFrame:
+    """One row per (axis, arm, seed): ``slope``, the loss change per doubling of x of that seed's
+    own fit (the form ``fitted`` chose on all seeds) at the middle of the arm's range (the
+    geometric mean of ``fitted``'s x_min and x_max), over the seed's runs whose ``metric`` is
+    finite; NaN where they span fewer than 2 sizes. ``fitted`` is ``fit_trends``' answer."""
+    comparisons.require_columns(points, ["arm", "seed", metric] + [col for col, _ in AXES.values()])
+    rows = []
+    for (axis, arm), trend in fitted.items():
+        col = AXES[axis][0]
+        runs = points[(points["arm"] == arm) & np.isfinite(points[metric].astype(float))]
+        middle = math.sqrt(trend.x_min * trend.x_max)
+        for seed in pd.unique(points.loc[points["arm"] == arm, "seed"]):
+            g = runs[runs["seed"] == seed]
+            slope = math.nan
+            if g[col].nunique() >= 2:
+                own = trends.fit_form(g[col].astype(float), g[metric].astype(float), trend.form)
+                slope = float(own.slope_per_doubling(middle))
+            rows.append({"axis": axis, "arm": arm, "seed": seed, "slope": slope})
+    return pd.DataFrame(rows, columns=["axis", "arm", "seed", "slope"])
+
+
+def slope_tests(points: pd.DataFrame, fitted: dict, reference: str = "gpt", metric: str = "test_loss",
+                confidence: float = 0.95) -> pd.DataFrame:
+    """Each arm's loss change per doubling minus ``reference``'s, paired by seed (``seed_slopes``:
+    every seed's own fit): ``comparisons.compare_arms`` per x axis (paired t, Wilcoxon), Holm over
+    every arm and axis together (``comparisons.holm_family``; ``family`` is the axis). Beside the
+    test, each arm's and the reference's mean slope with its t-interval over seeds
+    (``slope``, ``slope_ci_low``, ``slope_ci_high``, ``reference_slope``...). A seed whose slope is
+    NaN is left out of its pair (``n`` counts the pairs used)."""
+    per_seed = seed_slopes(points, fitted, metric)
+    tables = {}
+    for axis, g in per_seed.groupby("axis", sort=False):
+        if reference not in set(g["arm"]):
+            raise ValueError(f"reference arm {reference!r} has no runs (arms: {sorted(g['arm'].unique())})")
+        tables[axis] = comparisons.compare_arms(g, "slope", reference, allow_missing=True, confidence=confidence)
+    out = comparisons.holm_family(tables).rename(columns={"family": "axis"})
+    summary = {(axis, arm): stats.mean_ci(g["slope"], confidence)
+               for (axis, arm), g in per_seed.groupby(["axis", "arm"], sort=False)}
+    for prefix, key in (("", "arm"), ("reference_", "reference")):
+        for what, column in (("slope", "mean"), ("slope_ci_low", "ci_low"), ("slope_ci_high", "ci_high")):
+            out[prefix + what] = [summary[(axis, arm)][column] for axis, arm in zip(out["axis"], out[key])]
+    return out
+
+
+def slope_tests_with_and_without(points: pd.DataFrame, fitted: dict, flags: pd.Series, reference: str = "gpt",
+                                 metric: str = "test_loss", confidence: float = 0.95) -> pd.DataFrame:
+    """``slope_tests`` twice: on every run (``runs`` "all"), and with the runs that ``flags`` marks
+    as diverged (``divergence.diverged``) left out ("diverged left out"), each its own Holm
+    family: they are two analyses of the same comparisons, not more comparisons. ``n_left_out``
+    counts the runs left out."""
+    from .divergence import without_diverged
+
+    kept = without_diverged(points, flags, (metric,))
+    both = [slope_tests(points, fitted, reference, metric, confidence).assign(runs="all", n_left_out=0),
+            slope_tests(kept, fitted, reference, metric, confidence).assign(runs="diverged left out",
+                                                                            n_left_out=int(flags.sum()))]
+    out = pd.concat(both, ignore_index=True)
+    return out[["runs", "n_left_out", *[c for c in out.columns if c not in ("runs", "n_left_out")]]]

@@ -20,19 +20,23 @@ the curve. ``fit_trend`` keeps the power law only where the data carry it:
 
 Otherwise it falls back to the log-linear fit and says why (``Trend.reason``).
 
-**Intervals over seeds.** Seed s gives every arm and width the same data order, so seeds are the
-independent units: ``bootstrap`` resamples seeds (every arm and width with the same draw, which
-keeps the pairing) and recomputes a statistic on each resample, with the curve form kept as fitted
-on the data. With n seeds there are n**n equally likely draws; up to ``n_boot`` of them are
-enumerated (the exact bootstrap), beyond that ``n_boot`` are drawn at random. The interval is
+**Intervals over seeds: t-intervals.** Seed s gives every arm and width the same data order, so
+seeds are the independent units. ``seed_t_intervals`` gives each statistic a t-interval over
+seeds,
 
     estimate +- t_{(1+c)/2, n-1} sqrt(n / (n-1)) sd_boot
 
-For a mean this is exactly the t interval (the bootstrap variance of a mean of n values is
-(n-1)/n s^2/n), and for the smooth functions of the means read off here it stays close to its
-nominal coverage (tests/test_scaling.py measures it at 3 seeds). Percentile intervals from 3
-seeds, by contrast, cover far less than 95%: they take the quantiles of at most 27 values and
-ignore that the spread itself is estimated from 3.
+whose standard error comes from resampling seeds (every arm and width with the same draw, which
+keeps the pairing), the statistic recomputed on each resample with the curve form kept as fitted
+on the data. With n seeds there are n**n equally likely draws; up to ``n_boot`` of them are
+enumerated, beyond that ``n_boot`` are drawn at random. For a statistic linear in the seeds' values
+(a mean, a least-squares line over the same sizes for every seed, a read-off of it) the resampling
+variance is exactly (n-1)/n s^2/n, so the interval *is* the t-interval of the per-seed values: for
+a log-linear trend, the t-interval of the n per-seed fits. The resampling only matters for a
+refitted power law, which is not linear in the seeds; there the interval stays close to its nominal
+coverage (tests/test_scaling.py measures it at 3 seeds). It is not a bootstrap percentile interval:
+those, from 3 seeds, cover far less than 95% (the quantiles of at most 27 values, ignoring that the
+spread itself is estimated from 3).
 
 **Tests over seeds.** ``jackknife`` gives each seed a pseudo-value of a statistic (Tukey's:
 n theta - (n-1) theta_without_that_seed, every fit redone), so that paired tests over seeds
@@ -259,7 +263,7 @@ def fit_trend(x, y, curvature_p: float = 0.05, min_x_power: int = 4) -> Trend:
 
 
 def fit_form(x, y, form: str) -> Trend:
-    """A fit of the given form (a bootstrap replicate keeps the form chosen on the data); a power
+    """A fit of the given form (a resample of the seeds keeps the form chosen on the data); a power
     law at a bound is returned as it is."""
     if form == POWER_LAW:
         return fit_power_law(x, y)[0]
@@ -268,17 +272,16 @@ def fit_form(x, y, form: str) -> Trend:
     raise ValueError(f"form={form!r} is not valid; choose one of {', '.join(map(repr, FORMS))}")
 
 
-# --------------------------------------------------------------------------- bootstrap over seeds
+# --------------------------------------------------------------------------- t-intervals over seeds
 
 
 def seed_draws(seeds: Iterable, n_boot: int = 2000, rng: int | np.random.Generator = 0) -> tuple[list[tuple], bool]:
-    """The bootstrap's resamples of ``seeds`` (each a tuple of n seeds, with repeats) and whether
-    they are all n**n of them (the exact bootstrap, when there are at most ``n_boot``) rather
-    than ``n_boot`` random ones."""
+    """The resamples of ``seeds`` (each a tuple of n seeds, with repeats) and whether they are all
+    n**n of them (when there are at most ``n_boot``) rather than ``n_boot`` random ones."""
     seeds = list(dict.fromkeys(seeds))
     n = len(seeds)
     if n < 2:
-        raise ValueError(f"a bootstrap over seeds needs at least 2 seeds, got {seeds}")
+        raise ValueError(f"resampling seeds needs at least 2 seeds, got {seeds}")
     if n_boot < 2:
         raise ValueError(f"n_boot={n_boot!r} is not valid; it must be >= 2")
     if n ** n <= n_boot:
@@ -311,11 +314,13 @@ def t_interval(estimate, sd_boot, n_seeds: int, confidence: float = 0.95, exact:
     return np.asarray(estimate) - half, np.asarray(estimate) + half
 
 
-def bootstrap(points: pd.DataFrame, statistic: Callable[[pd.DataFrame], pd.Series], seed_col: str = "seed",
-              n_boot: int = 2000, confidence: float = 0.95, rng: int | np.random.Generator = 0) -> pd.DataFrame:
-    """``statistic`` (points -> a Series of named numbers) on the points and on their seed
-    resamples: one row per number with ``estimate``, ``sd_boot`` (over the resamples whose value
-    is finite), ``ci_low`` / ``ci_high`` (``t_interval``), ``n_seeds``, ``n_boot`` and ``exact``."""
+def seed_t_intervals(points: pd.DataFrame, statistic: Callable[[pd.DataFrame], pd.Series], seed_col: str = "seed",
+                     n_boot: int = 2000, confidence: float = 0.95,
+                     rng: int | np.random.Generator = 0) -> pd.DataFrame:
+    """The t-interval over seeds (module docstring) of every number of ``statistic`` (points -> a
+    Series of named numbers): one row per number with ``estimate`` (on all the points),
+    ``sd_boot`` (its SD over the seed resamples whose value is finite), ``ci_low`` / ``ci_high``
+    (``t_interval``), ``n_seeds``, ``n_boot`` (resamples) and ``exact`` (all n**n of them)."""
     if seed_col not in points.columns:
         raise ValueError(f"points have no {seed_col!r} column (columns: {list(points.columns)})")
     seeds = list(dict.fromkeys(points[seed_col]))
@@ -323,7 +328,7 @@ def bootstrap(points: pd.DataFrame, statistic: Callable[[pd.DataFrame], pd.Serie
     draws, exact = seed_draws(seeds, n_boot, rng)
     reps = pd.DataFrame([statistic(resample(points, d, seed_col)).reindex(estimate.index) for d in draws])
     reps = reps.replace([np.inf, -np.inf], np.nan)  # finite replicates only (an infinite one would make the SD NaN)
-    # the exact bootstrap weighs its n**n draws equally: their population SD is its SD
+    # all n**n draws, equally likely: their population SD is the resampling SD
     sd = reps.std(ddof=0 if exact else 1, skipna=True)
     low, high = t_interval(estimate.to_numpy(float), sd.to_numpy(float), len(seeds), confidence)
     return pd.DataFrame({"estimate": estimate, "sd_boot": sd, "ci_low": low, "ci_high": high,
