@@ -18,7 +18,7 @@ from PIL import Image  # noqa: E402
 from nodelm_lib.reporting import comparisons  # noqa: E402
 from nodelm_lib.reporting.figures import corpora_figure  # noqa: E402
 from nodelm_lib.reporting.plotting import plot_arm_metric, plot_efficiency  # noqa: E402
-from nodelm_lib.reporting.style import PALETTE, STYLE, axes_description, save_figure  # noqa: E402
+from nodelm_lib.reporting.style import STYLE, axes_description, save_figure  # noqa: E402
 from nodelm_lib.reporting.tables import claims_table  # noqa: E402
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
@@ -61,10 +61,6 @@ def test_save_figure_writes_the_project_resolution_and_describes_the_axes(tmp_pa
     plt.close(fig)
 
 
-def test_the_palette_has_eight_distinct_colours_and_no_sky_blue_beside_blue():
-    assert len(set(PALETTE)) == 8 and "#56B4E9" not in PALETTE
-
-
 def test_efficiency_on_a_log_axis_keeps_the_arms_apart():
     fig, ax = plt.subplots()
     plot_efficiency(ax, runs_frame({"gpt": 0.0, "node": 0.05, "ti_mlp": 0.1}), "params_non_embedding", "test_loss",
@@ -76,17 +72,17 @@ def test_efficiency_on_a_log_axis_keeps_the_arms_apart():
     plt.close(fig)
 
 
-def test_the_corpora_figure_draws_each_corpus_difference_and_bits_per_char():
+def test_the_corpora_figure_draws_each_corpus_difference_and_loss_in_one_unit():
     order = ["gpt", "node", "ti_mlp"]
     corpora = {}
-    for name, shift in (("cpu", 0.0), ("cpu_wikitext2", 0.3)):
+    for name, shift in (("tinyshakespeare", 0.0), ("wikitext2", 0.3)):
         runs = runs_frame({"gpt": shift, "node": shift + 0.02, "ti_mlp": shift + 0.1})
         tests = comparisons.holm_family({"vs gpt": comparisons.compare_arms(runs, "test_loss", "gpt", equivalence_margin=0.02)})
         corpora[name] = (runs, tests)
     fig = corpora_figure(corpora, "gpt", order)
     diff_ax, loss_ax = fig.axes
-    assert [t.get_text() for t in diff_ax.get_legend().get_texts()] == ["cpu", "cpu_wikitext2"]
-    assert diff_ax.get_ylabel() == "test loss − gpt's (nats/char)" and loss_ax.get_ylabel() == "test loss (bits/char)"
+    assert [t.get_text() for t in diff_ax.get_legend().get_texts()] == ["tinyshakespeare", "wikitext2"]
+    assert diff_ax.get_ylabel() == "test loss − gpt's (nats/char)" and loss_ax.get_ylabel() == "test loss (nats/char)"
     # the plotted differences are the tests' means, one marker per corpus and arm
     means = sorted(round(float(y), 6) for c in diff_ax.containers for y in c.lines[0].get_ydata())
     expected = sorted(round(float(v), 6) for _, t in corpora.values() for v in t["mean_diff"])

@@ -176,10 +176,11 @@ def test_position_bins_cover_every_position_once():
 
 
 def test_the_figure_marks_the_training_context_on_a_log_axis():
-    fig = long_context_figure(synthetic_curves(), train_context=4, order=["uses", "breaks"])
+    curves = synthetic_curves().replace({"arm": {"uses": "ti_ssm", "breaks": "gpt"}})  # arms: their colours
+    fig = long_context_figure(curves, train_context=4, order=["ti_ssm", "gpt"])
     (ax,) = fig.axes
     assert ax.get_xscale() == "log"
-    assert [line.get_label() for line in ax.get_lines()[:2]] == ["uses", "breaks"]
+    assert [line.get_label() for line in ax.get_lines()[:2]] == ["ti_ssm", "gpt"]
     assert any(line.get_xdata()[0] == 4 for line in ax.get_lines()[2:])  # the dashed training-context line
     (described,) = axes_description(fig)
     assert described["xlabel"] and described["ylabel"] and "16" in described["title"]

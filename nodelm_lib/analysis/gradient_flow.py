@@ -25,7 +25,7 @@ import torch
 from nodelm_lib.config import TrainConfig
 from nodelm_lib.families import BASELINE
 from nodelm_lib.data import fixed_batches
-from nodelm_lib.reporting.style import smooth, use_style
+from nodelm_lib.reporting.style import arm_color, smooth, use_style
 from nodelm_lib.runs.store import checkpoint_path, evaluations_store, read_evaluations, run, write_evaluations
 from nodelm_lib.training.evaluation import split_tokens
 from nodelm_lib.training.record import RunRecord
@@ -166,17 +166,19 @@ def verdict(table: pd.DataFrame, baseline: str, hybrid: str, control: float,
 
 
 def plot_gradient_flow(records: dict[str, RunRecord], window: int = 10) -> plt.Figure:
-    """Training and validation loss, total gradient norm, ODE-block gradient norm."""
+    """Training and validation loss, total gradient norm, ODE-block gradient norm; each run in its
+    arm's colour (``records`` keyed as ``paired_configs`` keys them: "baseline" is ``BASELINE``)."""
     use_style()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for name, rec in records.items():
+        color = arm_color(BASELINE if name == "baseline" else name)
         steps = [r["step"] for r in rec.metrics]
-        line, = axes[0].plot(steps, smooth([r["loss"] for r in rec.metrics], window), label=f"{name} (train)")
+        axes[0].plot(steps, smooth([r["loss"] for r in rec.metrics], window), color=color, label=f"{name} (train)")
         axes[0].plot([e["step"] for e in rec.evals], [e["val_loss"] for e in rec.evals], "o--",
-                     color=line.get_color(), ms=3, label=f"{name} (val)")
-        axes[1].plot(steps, smooth([r["grad_norm"] for r in rec.metrics], window), label=name)
+                     color=color, ms=3, label=f"{name} (val)")
+        axes[1].plot(steps, smooth([r["grad_norm"] for r in rec.metrics], window), color=color, label=name)
         if ODE_GROUP in rec.metrics[0]:
-            axes[2].plot(steps, smooth([r[ODE_GROUP] for r in rec.metrics], window), color=line.get_color(), label=name)
+            axes[2].plot(steps, smooth([r[ODE_GROUP] for r in rec.metrics], window), color=color, label=name)
     axes[0].set(title="Loss", xlabel="step", ylabel="cross-entropy loss (nats/token)")
     axes[1].set(title="Total gradient norm (before clipping)", xlabel="step", ylabel="‖∇θ L‖₂ (log scale)", yscale="log")
     axes[2].set(title="ODE-block gradient norm", xlabel="step", ylabel="‖∇ L‖₂ of the ODE block (log scale)",

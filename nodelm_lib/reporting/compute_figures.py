@@ -10,7 +10,7 @@ from typing import Iterable
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from .style import arm_color
+from .style import CI_LABEL, arm_line
 
 
 def compute_figure(table: pd.DataFrame, points: pd.DataFrame, order: Iterable[str], loss_unit: str = "nats/token",
@@ -19,24 +19,21 @@ def compute_figure(table: pd.DataFrame, points: pd.DataFrame, order: Iterable[st
     ``table`` is a line over its fixed grids with its 95% CI band, and a hollow marker per adaptive
     tolerance; each model of ``points`` (per-seed rows: ``arm``, ``loss``, ``nfe``, ``ms_per_token``)
     is a filled star at its mean with its 95% CI (``mean_ci`` over seeds). An arm's colour is its
-    family's (its name's first word); solid lines are fixed-grid training, dashed random grids,
-    dotted the regularised arm."""
+    arm's in every figure (``style.arm_line``: a variant "<arm> random" / "<arm> reg" has its arm's
+    colour); solid lines are fixed-grid training, dashed random grids, dotted the regularised arm."""
     from nodelm_lib.reporting.stats import mean_ci
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     names = [a for a in order if a in set(table["arm"]) | set(points["arm"])]
-    # one colour per model family (the arm's first word), one line style per way of training it
-    bases = list(dict.fromkeys(name.split()[0] for name in names))
-    styles = {"": "-", "random": "--", "reg": ":"}
     for arm in names:
-        base, _, variant = arm.partition(" ")
-        color = arm_color(bases.index(base))
+        line = arm_line(arm)  # the arm's colour; the variant's line style
+        color = line["color"]
         rows = table[table["arm"] == arm]
         fixed, adaptive = rows[~rows["adaptive"]].sort_values("nfe"), rows[rows["adaptive"]]
         for ax, x in zip(axes, ("nfe", "ms_per_token")):
             if len(fixed):
-                ax.plot(fixed[x], fixed["loss"], styles.get(variant, "-."), marker="o", color=color, markersize=3,
-                        label=arm)
+                ax.plot(fixed[x], fixed["loss"], linestyle=line["linestyle"], marker=line["marker"], color=color,
+                        markersize=3, label=arm)
                 if x == "nfe":  # the band on the NFE axis only: wall times are not monotone in the grid
                     ax.fill_between(fixed[x], fixed["ci_low"], fixed["ci_high"], color=color, alpha=0.12, linewidth=0)
             if len(adaptive):
@@ -57,8 +54,9 @@ def compute_figure(table: pd.DataFrame, points: pd.DataFrame, order: Iterable[st
     for ax in axes:
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7, ncol=2, loc="upper right")
-    fig.suptitle(title or "Loss against inference compute: lines are fixed grids (95% CI over seeds; dashed: trained on "
-                          "random grids), hollow circles adaptive tolerances, stars stacks of layers at their depth",
+    fig.suptitle(title or f"Loss against inference compute: lines are fixed grids (band: {CI_LABEL} over seeds; "
+                          "dashed: trained on random grids), hollow circles adaptive tolerances, stars stacks of "
+                          f"layers at their depth (± {CI_LABEL})",
                  fontsize=9)
     fig.tight_layout()
     return fig

@@ -1,8 +1,9 @@
 """Plots over a sweep's runs and curves, each drawn into an axes the caller made: an arm's metric
 over seeds with its CI (``plot_arm_metric``), cost against loss (``plot_efficiency``), mean curves
 with a band (``plot_curves``, ``zoom_to_late``), differences to a reference arm paired by seed
-(``plot_paired_differences``) and labelled reference losses (``plot_reference_lines``). Colours
-and saving are ``style``'s."""
+(``plot_paired_differences``), labelled reference losses (``plot_reference_lines``) and a note
+where data lies beyond a set y-range (``note_clipped``). Every arm is drawn in its colour
+(``style.arm_color``), every interval named "95% CI"; saving is ``style``'s."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .style import arm_color, label_points
+from .style import CI_LABEL, NEUTRAL, NOTE, REFERENCE, arm_color
 
 
 # --------------------------------------------------------------------------- multi-seed figures
@@ -39,12 +40,12 @@ def plot_arm_metric(ax: plt.Axes, runs, metric: str, order=None, label: str | No
     x = np.arange(len(arms))
     means = [s["mean"] for s in stats]
     halves = [0.0 if np.isnan(s["ci_half"]) else s["ci_half"] for s in stats]
-    ax.errorbar(x, means, yerr=halves, fmt="o", color="black", capsize=4, zorder=3, label="mean ± 95% CI")
+    ax.errorbar(x, means, yerr=halves, fmt="o", color=NEUTRAL, capsize=4, zorder=3, label=f"mean ± {CI_LABEL}")
     seeds = sorted(runs["seed"].unique())
     jitter = dict(zip(seeds, np.linspace(-0.15, 0.15, len(seeds)) if len(seeds) > 1 else [0.0]))
     for i, arm in enumerate(arms):
         rows = runs[runs["arm"] == arm]
-        ax.scatter(i + rows["seed"].map(jitter), rows[metric], s=12, alpha=0.5, color="C0", zorder=2)
+        ax.scatter(i + rows["seed"].map(jitter), rows[metric], s=12, alpha=0.6, color=arm_color(arm), zorder=2)
     ax.set_xticks(x, arms, rotation=30, ha="right")
     ax.set_ylabel(label or metric)
     if references:
@@ -52,29 +53,38 @@ def plot_arm_metric(ax: plt.Axes, runs, metric: str, order=None, label: str | No
 
 
 def plot_efficiency(ax: plt.Axes, runs, x_metric: str, y_metric: str, order=None, x_label: str | None = None,
-                    y_label: str | None = None, references: dict | None = None, log_x: bool = False) -> None:
-    """Each arm at (mean ``x_metric``, mean ``y_metric`` ± t-based 95% CI), labelled: e.g.
-    parameters against loss, to see whether an arm is better or only smaller. ``references``
-    (label -> value) are drawn as in ``plot_arm_metric``; arm labels keep clear of theirs.
-    ``log_x``: a log x axis (arms whose sizes differ 40-fold stay apart)."""
+                    y_label: str | None = None, references: dict | None = None, log_x: bool = False,
+                    legend: bool = True) -> None:
+    """Each arm at (mean ``x_metric``, mean ``y_metric`` ± t-based 95% CI) in its colour, named in a
+    legend right of the axes (``legend=False``: none, for a panel beside one that has it) rather
+    than beside its point: arms of nearly equal cost sit on one another, where such labels
+    collide. E.g. parameters against loss, to see whether an arm is better or only smaller.
+    ``references`` (label -> value) are drawn as in ``plot_arm_metric``. ``log_x``: a log x axis
+    (arms whose sizes differ 40-fold stay apart), ticks at 1, 2 and 5 of each decade."""
     arms, y_stats = _arm_stats(runs, y_metric, order)
     _, x_stats = _arm_stats(runs, x_metric, order)
-    for i, (xs, ys) in enumerate(zip(x_stats, y_stats)):
+    for arm, xs, ys in zip(arms, x_stats, y_stats):
         half = 0.0 if np.isnan(ys["ci_half"]) else ys["ci_half"]
-        ax.errorbar(xs["mean"], ys["mean"], yerr=half, fmt="o", capsize=4, color=arm_color(i))
+        ax.errorbar(xs["mean"], ys["mean"], yerr=half, fmt="o", capsize=4, color=arm_color(arm), label=arm)
     if log_x:
         ax.set_xscale("log")
         lo, hi = min(s["mean"] for s in x_stats), max(s["mean"] for s in x_stats)
-        ax.set_xlim(lo / 1.6, hi * 2.5)  # room for the labels right of the points
-    ax.xaxis.set_major_formatter(mpl.ticker.EngFormatter())  # 250k, not 250000 (labels overlap)
+        ax.set_xlim(lo / 1.4, hi * 1.4)
+        # 1, 2 and 5 of each decade, written 200k / 2M: matplotlib's default labels every minor
+        # tick of a short log range ("3×10^6 4×10^6"), and those labels run into one another
+        ax.xaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+    ax.xaxis.set_major_formatter(mpl.ticker.EngFormatter(sep=""))
     ax.set_xlabel(x_label or x_metric)
     ax.set_ylabel(y_label or y_metric)
-    renderer = ax.figure.canvas.get_renderer()
-    avoid = [t.get_window_extent(renderer) for t in plot_reference_lines(ax, references)] if references else []
-    label_points(ax, [s["mean"] for s in x_stats], [s["mean"] for s in y_stats], arms, avoid=avoid)
+    if legend:
+        ax.legend(title=f"arm: mean ± {CI_LABEL}", fontsize=8, title_fontsize=8, loc="upper left",
+                  bbox_to_anchor=(1.0, 1.0))
+    if references:
+        plot_reference_lines(ax, references)
 
 
-BAND_TITLES = {"ci": "mean ± 95% CI", "range": "mean, range over seeds"}
+BAND_TITLES = {"ci": f"mean ± {CI_LABEL}", "range": "mean, range over seeds"}
 
 
 def _curve_summary(curves, arms, x: str, y: str, at: str, band: str):
@@ -111,10 +121,10 @@ def plot_curves(ax: plt.Axes, curves, x: str = "step", y: str = "val_loss", orde
     The legend title names the band ("mean ± 95% CI" unless ``legend_title`` is given)."""
     arms = arm_order(curves, order)
     summary = _curve_summary(curves, arms, x, y, at, band)
-    for i, arm in enumerate(arms):
+    for arm in arms:
         s = summary[summary["arm"] == arm]
-        ax.plot(s["x"], s["mean"], color=arm_color(i), label=arm)
-        ax.fill_between(s["x"], s["lo"], s["hi"], color=arm_color(i), alpha=0.2, linewidth=0)
+        ax.plot(s["x"], s["mean"], color=arm_color(arm), label=arm)
+        ax.fill_between(s["x"], s["lo"], s["hi"], color=arm_color(arm), alpha=0.2, linewidth=0)
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     ax.legend(title=legend_title or BAND_TITLES[band])
@@ -125,7 +135,8 @@ def zoom_to_late(ax: plt.Axes, curves, y: str = "val_loss", x_from_fraction: flo
     """Set the y-range to what ``plot_curves`` (same ``x``, ``at``, ``band``, ``order``) draws
     after the first ``x_from_fraction`` of each arm's x-span: mean curves and their bands,
     plus the ``references`` values (label -> value), padded by ``margin`` of the span on each
-    side. The early loss then does not flatten the part where arms differ. Call
+    side. The early loss then does not flatten the part where arms differ; the curves it cuts off
+    are named in a note at the top of the axes (``note_clipped``), never clipped silently. Call
     ``plot_reference_lines`` afterwards. Returns the new (low, high)."""
     summary = _curve_summary(curves, arm_order(curves, order), x, y, at, band)
     start = summary.groupby("arm")["x"].transform(lambda v: v.min() + x_from_fraction * (v.max() - v.min()))
@@ -135,7 +146,25 @@ def zoom_to_late(ax: plt.Axes, curves, y: str = "val_loss", x_from_fraction: flo
     lo, hi = np.nanmin(values), np.nanmax(values)
     pad = margin * (hi - lo) if hi > lo else max(abs(lo), 1.0) * margin
     ax.set_ylim(lo - pad, hi + pad)
+    above = summary[summary["mean"] > hi + pad]
+    if len(above):
+        cut = list(dict.fromkeys(above["arm"]))
+        who = "every arm's" if len(cut) == summary["arm"].nunique() else ", ".join(cut) + ":"
+        note_clipped(ax, f"▲ {who} early {y} above the axis (up to {above['mean'].max():.2f})")
     return lo - pad, hi + pad
+
+
+def note_clipped(ax: plt.Axes, text: str, where: str = "top") -> plt.Text:
+    """A small grey note inside ``ax``, at its top or bottom (``where``) left corner, saying what
+    the y-range cuts off (no data is clipped unsaid); it takes no room in the layout."""
+    if where not in ("top", "bottom"):
+        raise ValueError(f"where must be 'top' or 'bottom', got {where!r}")
+    y, va = (0.98, "top") if where == "top" else (0.02, "bottom")
+    note = ax.text(0.01, y, text, transform=ax.transAxes, ha="left", va=va, fontsize=7, color=NOTE,
+                   zorder=5, clip_on=True, bbox={"boxstyle": "square,pad=0.1", "facecolor": "white",
+                                                 "edgecolor": "none", "alpha": 0.8})
+    note.set_in_layout(False)  # a long note must not shrink the axes it sits in (tight_layout)
+    return note
 
 
 def plot_paired_differences(ax: plt.Axes, curves, reference: str = "gpt", x: str = "step", y: str = "val_loss",
@@ -159,16 +188,16 @@ def plot_paired_differences(ax: plt.Axes, curves, reference: str = "gpt", x: str
     diffs["diff"] = diffs[y].astype(float) - diffs["_ref"].astype(float)
     diffs = diffs[columns + ["diff"]].reset_index(drop=True)
     summary = _curve_summary(diffs, arms, x, "diff", at, "ci")
-    for i, arm in enumerate(arms):
+    for arm in arms:
         s = summary[summary["arm"] == arm]
         if arm == reference or s.empty:
             continue
-        ax.plot(s["x"], s["mean"], color=arm_color(i), label=arm)
-        ax.fill_between(s["x"], s["lo"], s["hi"], color=arm_color(i), alpha=0.2, linewidth=0)
-    ax.axhline(0.0, color="black", linewidth=0.8, label="_nolegend_")
+        ax.plot(s["x"], s["mean"], color=arm_color(arm), label=arm)
+        ax.fill_between(s["x"], s["lo"], s["hi"], color=arm_color(arm), alpha=0.2, linewidth=0)
+    ax.axhline(0.0, color=NEUTRAL, linewidth=0.8, label="_nolegend_")
     ax.set_xlabel(x)
     ax.set_ylabel(f"Δ {y} (arm − {reference})")
-    ax.legend(title=f"Δ vs {reference}, mean ± 95% CI (paired by seed)")
+    ax.legend(title=f"Δ vs {reference}, mean ± {CI_LABEL} (paired by seed)")
     return diffs
 
 
@@ -185,13 +214,13 @@ def plot_reference_lines(ax: plt.Axes, references: dict, **kwargs) -> list:
     lo, hi = sorted(ax.get_ylim())
     ax.set_ylim(ax.get_ylim())  # a new line must not move the limits its labels were placed for
     shown = sorted((v, k) for k, v in references.items() if lo <= v <= hi)
-    style = {"color": "grey", "linestyle": "--", "linewidth": 0.8, "zorder": 1, **kwargs}
+    style = {"color": REFERENCE, "linestyle": "--", "linewidth": 0.8, "zorder": 1, **kwargs}
     references_drawn = [ax.axhline(value, label="_nolegend_", **style) for value, _ in shown]
     if not shown:
         return []
     renderer = ax.figure.canvas.get_renderer()
     texts = [ax.annotate(label, (0.99, value), xycoords=ax.get_yaxis_transform(), textcoords="offset points",
-                         xytext=(0, 0), ha="right", va="bottom", fontsize=7, color="dimgrey", zorder=1.5,
+                         xytext=(0, 0), ha="right", va="bottom", fontsize=7, color=NOTE, zorder=1.5,
                          bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.7})
              for value, label in shown]  # above the grid and the lines, below the data
     px_per_pt, gap = ax.figure.dpi / 72, 1.5  # gap: points between a line and its label, and between labels

@@ -1,5 +1,6 @@
-"""The project's figure style, and what every figure goes through: colours (``PALETTE``,
-``arm_color``), matplotlib settings (``STYLE``, ``use_style``), saving as PNG and PDF with a
+"""The project's figure style, and what every figure goes through: one palette (each arm's colour
+``arm_color`` / ``arm_line``, each corpus' ``corpus_color``, ``series_colors`` for anything else,
+greys for references; ``is_palette_color`` tells them), matplotlib settings (``STYLE``, ``use_style``), saving as PNG and PDF with a
 description of the axes in the PNG (``save_figure``, ``axes_description``), a trailing moving
 average for noisy curves (``smooth``) and labels placed beside points without overlapping
 (``label_points``). The plots over runs and curves are in ``plotting``, the notebooks' composite
@@ -15,10 +16,38 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 
-# Okabe-Ito's colour-blind-safe colours (yellow left out: it vanishes on white; sky blue left out:
-# beside the blue of the first arm the two read as one), then darker tones: eight arms get eight
-# colours that differ in hue and in lightness
-PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#882255", "#000000", "#8C564B"]
+# One colour per arm, the same in every figure of every notebook: each registered model family
+# (``nodelm_lib.families``) and the controls of ``experiments.protocol`` (``gpt_parallel``,
+# ``gpt_matched``: gpt's variants, in blues beside gpt's). Okabe-Ito's colour-blind-safe colours
+# first, then Tol's indigo and olive and a brown; no two arms of a figure share a hue family
+# (``ti_mlp`` and ``ssm`` were two pinks once).
+ARM_COLORS = {"gpt": "#0072b2", "gpt_parallel": "#56b4e9", "gpt_matched": "#332288", "hybrid": "#d55e00",
+              "node": "#009e73", "ti_mlp": "#cc79a7", "ti_ssm": "#e69f00", "ssm": "#8c564b", "looped": "#999933"}
+
+# A variant of an arm ("<arm> <variant>", notebook 09's "node random", "ti_mlp reg") keeps its arm's
+# colour and takes a line style and marker of its own.
+VARIANT_LINES = {"": {"linestyle": "-", "marker": "o"}, "random": {"linestyle": "--", "marker": "s"},
+                 "reg": {"linestyle": ":", "marker": "D"}}
+
+# Corpora (``data.sources.CORPORA``) in colours no arm has: a corpus figure's arms sit on its x axis.
+CORPUS_COLORS = {"tinyshakespeare": "#882255", "wikitext2": "#44aa99", "wikitext103": "#117733"}
+CORPUS_MARKERS = {"tinyshakespeare": "o", "wikitext2": "s", "wikitext103": "^"}
+
+# What is neither an arm nor a corpus (solvers, seeds, heads, depths, the variants of an ablation):
+# ``series_colors`` takes n colours from this colour map, dark to light, so that no such series
+# takes an arm's colour; heat maps use it too.
+SEQUENTIAL_CMAP = "viridis"
+# series_colors stops short of viridis' pale yellow end, which vanishes on white
+_SERIES_END = 0.85
+
+# Reference lines (n-gram models, zero), intervals of a summary drawn over coloured points, notes:
+# greys and black, never a palette colour.
+NEUTRAL = "black"
+REFERENCE = "grey"
+NOTE = "dimgrey"
+
+# How every interval of every figure is named (legends, axis labels or titles say it).
+CI_LABEL = "95% CI"
 
 STYLE = {
     "figure.dpi": 110,
@@ -30,7 +59,10 @@ STYLE = {
     "axes.spines.top": False,
     "axes.spines.right": False,
     "legend.frameon": False,
-    "axes.prop_cycle": mpl.cycler(color=PALETTE),
+    # anything drawn without a colour of its own: the series colours, never an arm's
+    "axes.prop_cycle": mpl.cycler(color=[mpl.colors.to_hex(c) for c in
+                                         mpl.colormaps[SEQUENTIAL_CMAP](np.linspace(0.0, _SERIES_END, 6))]),
+    "image.cmap": SEQUENTIAL_CMAP,
 }
 
 
@@ -38,10 +70,71 @@ STYLE = {
 _SLOW_LEGEND_WARNING = 'Creating legend with loc="best" can be slow'
 
 
-def arm_color(i: int) -> str:
-    """The colour of the i-th arm of a figure (the same arm order gives the same colours in
-    every panel)."""
-    return PALETTE[i % len(PALETTE)]
+def split_arm(name: str) -> tuple[str, str]:
+    """``"node random"`` -> ``("node", "random")``; ``"gpt"`` -> ``("gpt", "")``."""
+    if not isinstance(name, str):
+        raise TypeError(f"an arm is named by a string (e.g. 'gpt', 'node random'), got {name!r}")
+    arm, _, variant = name.strip().partition(" ")
+    return arm, variant.strip()
+
+
+def arm_color(name: str) -> str:
+    """The colour of arm ``name`` in every figure (``ARM_COLORS``); a variant ``"<arm> <variant>"``
+    has its arm's colour. A family registered without a colour here, or a name that is no arm,
+    is a ValueError naming the valid arms."""
+    arm, _ = split_arm(name)
+    if arm in ARM_COLORS:
+        return ARM_COLORS[arm]
+    from nodelm_lib import families
+
+    if arm in families.names():
+        raise ValueError(f"model family {arm!r} has no colour: add it to nodelm_lib.reporting.style.ARM_COLORS "
+                         f"(colours taken: {', '.join(ARM_COLORS.values())})")
+    raise ValueError(f"{name!r} is not an arm with a colour; choose one of {', '.join(ARM_COLORS)} "
+                     f"(optionally followed by a variant: {', '.join(v for v in VARIANT_LINES if v)})")
+
+
+def arm_line(name: str) -> dict:
+    """Line properties of arm ``name``: its colour, and its variant's line style and marker
+    (``VARIANT_LINES``; an unknown variant is a ValueError)."""
+    _, variant = split_arm(name)
+    if variant not in VARIANT_LINES:
+        raise ValueError(f"arm {name!r}: variant {variant!r} has no line style; choose one of "
+                         f"{', '.join(repr(v) for v in VARIANT_LINES if v)} (style.VARIANT_LINES)")
+    return {"color": arm_color(name), **VARIANT_LINES[variant]}
+
+
+def corpus_color(corpus: str) -> str:
+    """The colour of ``corpus`` (``CORPUS_COLORS``); an unknown corpus is a ValueError."""
+    if corpus not in CORPUS_COLORS:
+        raise ValueError(f"corpus {corpus!r} has no colour; choose one of {', '.join(CORPUS_COLORS)}")
+    return CORPUS_COLORS[corpus]
+
+
+def series_colors(n: int) -> list[str]:
+    """``n`` colours for series that are neither arms nor corpora (solvers, seeds, heads, the
+    variants of an ablation), dark to light along ``SEQUENTIAL_CMAP``."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    values = np.linspace(0.0, _SERIES_END, n) if n > 1 else [0.0]
+    return [mpl.colors.to_hex(c) for c in mpl.colormaps[SEQUENTIAL_CMAP](values)]
+
+
+def is_neutral(color) -> bool:
+    """A grey, black or white (equal red, green and blue, to within a step of 8 bits)."""
+    r, g, b = mpl.colors.to_rgb(color)
+    return max(r, g, b) - min(r, g, b) <= 1.5 / 255
+
+
+def is_palette_color(color, max_series: int = 12) -> bool:
+    """Whether ``color`` is one the style hands out: an arm's, a corpus', one of ``series_colors(n)``
+    for n up to ``max_series``, or a neutral (``is_neutral``). Alpha is ignored."""
+    if is_neutral(color):
+        return True
+    hexed = mpl.colors.to_hex(color, keep_alpha=False).lower()
+    allowed = {c.lower() for c in (*ARM_COLORS.values(), *CORPUS_COLORS.values())}
+    allowed |= {c.lower() for n in range(1, max_series + 1) for c in series_colors(n)}
+    return hexed in allowed
 
 
 def use_style() -> None:
