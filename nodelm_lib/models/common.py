@@ -23,7 +23,7 @@ from nodelm_lib import families
 from nodelm_lib.config import ModelConfig, ODEConfig
 from nodelm_lib.nn.decode_cache import DecodeCache, active_cache, compiling
 from nodelm_lib.nn.losses import linear_cross_entropy
-from nodelm_lib.nn.time_grid import time_grid
+from nodelm_lib.nn.time_grid import KeptGrid, time_grid
 from nodelm_lib.ode import FIXED_STEP_METHODS, Solver, SolverCounters, gradient_method
 from nodelm_lib.ode.random_grid import step_generator
 from nodelm_lib.ode.regularisers import FlowRegulariser
@@ -285,6 +285,9 @@ class ODEBlock(nn.Module):
         self.noise: torch.Generator | None = None
         self.penalty: torch.Tensor | None = None
         self.flow_integrals: dict[str, float] = {}
+        # the weights of an inference solve's grid, kept for the next solves (``open_grid``)
+        self.keep_inference_weights = True
+        self.kept_grid = KeptGrid()
 
     @staticmethod
     def times(dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
@@ -339,7 +342,7 @@ class ODEBlock(nn.Module):
             field = FlowRegulariser(ode.kinetic_weight, ode.jacobian_weight).wrap(
                 field, grid, ode.method, solver.steps_per_interval, self.noise)
         times = self.field_times(x) if grad.name == "direct" or not torch.is_grad_enabled() else None
-        with time_grid(times) if times is not None else contextlib.nullcontext(), \
+        with self.open_grid(times), \
                 differentiable_twice(regularised and ode.jacobian_weight > 0):
             states = grad.solve(
                 solver,
@@ -355,6 +358,20 @@ class ODEBlock(nn.Module):
             self.penalty = field.penalty()
             self.flow_integrals = {k: v for k, v in field.integrals().items() if weights[k] > 0}
         return states[-1]
+
+    def open_grid(self, times: torch.Tensor | None):
+        """The ``time_grid`` of one solve over ``times`` (none for None). At inference (eval mode,
+        no autograd) it is the grid kept from the last such solve while the times and parameters
+        are unchanged (``KeptGrid``): the time-dependent weights are formed once for all passes."""
+        if times is None:
+            return contextlib.nullcontext()
+        if self.keep_inference_weights and not self.training and not torch.is_grad_enabled():
+            return time_grid(self.kept_grid.grid(times, self.field))
+        return time_grid(times)
+
+    def train(self, mode: bool = True) -> "ODEBlock":
+        self.kept_grid.clear()  # a change of mode starts inference afresh (the weights are formed again)
+        return super().train(mode)
 
     def field_times(self, x: torch.Tensor) -> torch.Tensor | None:
         """Every t at which a solve of ``x`` evaluates the field, when they are known before it

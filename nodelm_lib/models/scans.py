@@ -184,29 +184,36 @@ class _SelectiveScan(torch.autograd.Function):
         return *grads, None
 
 
-def _scan_forward(x, delta, A, B_s, C_s, h0, block):
+def _scan_forward(x, delta, A, B_s, C_s, h0, block, keep_states: bool = True):
     """``_SelectiveScan``'s forward: y (B, T, D) and the last state (B, D, N), both views, and
-    the states H (T, B, N, D) that backward needs."""
+    the states H (T, B, N, D) that backward needs, or None with ``keep_states=False`` (no
+    backward: each block's states then go into one block-sized buffer, which stays in cache,
+    instead of a full-size tensor written once and never read; the same numbers)."""
     (delta_tm, x_tm), (B_tm, C_tm) = time_major(delta, x, axis=-2), time_major(B_s, C_s, axis=-1)
     shape = (*delta_tm.shape[:2], A.shape[1], A.shape[0])  # (T, B, N, D)
     A_2 = _log2_decay_rates(A.t().contiguous())
     dx = delta_tm * x_tm
     # big outputs go into buffers from torch.empty: measured on CPU, an elementwise op
     # that allocates its own (T, B, N, D) output page-faults and runs 5-8x slower
-    H = delta.new_empty(shape)
-    a_b = delta.new_empty(min(block, shape[0]), *shape[1:])  # one block's decays, rebuilt in backward
+    block_shape = (min(block, shape[0]), *shape[1:])
+    H = delta.new_empty(shape if keep_states else block_shape)
+    a_b = delta.new_empty(block_shape)  # one block's decays, rebuilt in backward
     y = delta.new_empty(shape[0], shape[1], 1, shape[3])
     previous = None if h0 is None else h0.transpose(-1, -2)  # h_{s-1} at the block's start
     for lo, hi in _blocks(shape[0], block):
         _decays(delta_tm[lo:hi], A_2, out=a_b[:hi - lo])
-        H_b = torch.mul(dx[lo:hi], B_tm[lo:hi], out=H[lo:hi])  # the inputs b_s; states in place
+        # the inputs b_s; states in place
+        H_b = torch.mul(dx[lo:hi], B_tm[lo:hi], out=H[lo:hi] if keep_states else H[:hi - lo])
         states, decays = H_b.unbind(0), a_b.unbind(0)  # one op for all positions' views, not one each
         if previous is not None:
             states[0].addcmul_(decays[0], previous)
         for s in range(1, hi - lo):
             states[s].addcmul_(decays[s], states[s - 1])
         torch.matmul(C_tm[lo:hi].transpose(-1, -2), H_b, out=y[lo:hi])  # sum over n
-        previous = H_b[-1]
+        # without kept states the next block overwrites the buffer: carry the last state out of it
+        previous = H_b[-1] if keep_states else H_b[-1].clone()
+    if not keep_states:
+        return y.squeeze(-2).transpose(0, 1), previous.transpose(-1, -2), None
     return y.squeeze(-2).transpose(0, 1), H[-1].transpose(-1, -2), H
 
 
@@ -336,11 +343,15 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B_s: t
         raise ValueError(f"x and delta must have the same shape (B, T, D); got {tuple(x.shape)} and {tuple(delta.shape)}")
     if block < 1:
         raise ValueError(f"block={block} must be a positive number of positions")
-    if x.shape[1] == 1 and not (torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, delta, A, B_s, C_s, h0))):
+    differentiated = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                     for t in (x, delta, A, B_s, C_s, h0))
+    if x.shape[1] == 1 and not differentiated:
         return _scan_step(x, delta, A, B_s, C_s, h0)
     if compiling() and COMPILED_SCAN is not None:
         y, last, _ = COMPILED_SCAN(x, delta, A, B_s, C_s, h0, block)
+        return y, last
+    if not differentiated:  # no backward: the states need not be kept
+        y, last, _ = _scan_forward(x, delta, A, B_s, C_s, h0, block, keep_states=False)
         return y, last
     return _SelectiveScan.apply(x, delta, A, B_s, C_s, h0, block)
 

@@ -159,8 +159,15 @@ class SelectiveSSM(nn.Module):
         slot = cache.slot() if cache is not None else None
         # while decoding, continue from the state after the last cached position
         h_t = h.value if isinstance(h, GridPoint) else h  # A(t), D(t) from h(t) itself: two small heads
-        y, last = scan(x, delta, self.A_at(h_t), B_s, C_s, slot.get("state") if slot is not None else None)
+        A_t = _per_time(h, self, "A", lambda: self.A_at(h_t))
+        y, last = scan(x, delta, A_t, B_s, C_s, slot.get("state") if slot is not None else None)
         if slot is not None:
             slot["state"] = last
-        y = y + self.D_at(h_t) * x
+        y = y + _per_time(h, self, "D", lambda: self.D_at(h_t)) * x
         return self.out_proj(y * F.silu(z), h)
+
+
+def _per_time(h, owner: nn.Module, name: str, compute):
+    """``compute()``, which depends on t alone: on a grid kept per grid time where it can be
+    (``GridPoint.once``), else computed."""
+    return h.once(owner, name, compute) if isinstance(h, GridPoint) else compute()

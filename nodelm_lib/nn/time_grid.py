@@ -1,6 +1,7 @@
 """Weights on a time grid: every weight that depends on t alone, generated for all the times
-of a fixed-step solve at once (``TimeGrid``, opened by ``time_grid`` for one solve), and
-``time_dependent``, through which a time-dependent layer gets its weights at one time.
+of a fixed-step solve at once (``TimeGrid``, opened by ``time_grid`` for one solve; at inference
+kept for the next solves by ``KeptGrid``), and ``time_dependent``, through which a
+time-dependent layer gets its weights at one time.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from .decode_cache import cached_per_call, compiling
+from .losses import autocast_dtype
 
 
 class TimeGrid:
@@ -30,11 +32,11 @@ class TimeGrid:
 
     def __init__(self, times: torch.Tensor):
         self.times = times  # (S,)
-        self._memo: dict[int, object] = {}
+        self._memo: dict[tuple, object] = {}
 
-    def memo(self, owner: object, compute: Callable[[], object]) -> object:
-        """``compute()`` once per grid for ``owner`` (a layer), then the stored value."""
-        key = id(owner)
+    def memo(self, owner: object, compute: Callable[[], object], *tag) -> object:
+        """``compute()`` once per grid for ``owner`` (a layer) and ``tag``, then the stored value."""
+        key = (id(owner), *tag)
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
@@ -59,6 +61,14 @@ class GridPoint:
         """The input at this time alone (what the layer would get without a grid)."""
         return _at(self.inputs, self.index)
 
+    def once(self, owner: object, name: str, compute: Callable[[], object]) -> object:
+        """``compute()``, a value of this time alone (from ``value``), kept per grid time for
+        ``owner`` and ``name`` where the time's index is free to read (a CPU grid without
+        autograd); elsewhere computed at every call, as without a grid."""
+        if self.index.device.type != "cpu" or torch.is_grad_enabled():
+            return compute()
+        return self.grid.memo(owner, compute, name, int(self.index))
+
     def take(self, layer: nn.Module, weights_at: Callable[[torch.Tensor], tuple]) -> tuple:
         """``layer``'s weights at this time: ``weights_at(inputs)`` for every grid time, computed
         once per grid, indexed at this one (a tuple of (S, ...) tensors or None)."""
@@ -69,8 +79,43 @@ class GridPoint:
 def _at(batched: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``batched[i]`` for the one grid index i held in the tensor ``index``, read on the device:
     indexing with the tensor itself turns it into a Python int, a host synchronisation per weight
-    per field evaluation on a GPU (48 per node training step at d 128, 4 steps)."""
+    per field evaluation on a GPU (48 per node training step at d 128, 4 steps). Without autograd
+    on a CPU, where reading i costs nothing, a view: the same numbers without copying a weight
+    matrix per evaluation."""
+    if index.device.type == "cpu" and not torch.is_grad_enabled():
+        return batched[int(index)]
     return batched.index_select(0, index).squeeze(0)
+
+
+class KeptGrid:
+    """A ``TimeGrid`` kept from one inference solve to the next, so that the weights of every
+    grid time are formed once for many forward passes instead of once per pass.
+
+    At inference the weights at a time t are the same for every token, batch and pass: they
+    change only with the parameters. ``grid(times, module)`` returns the grid of the last call
+    (with everything memoised on it) while the times, the module's parameters (the same tensors,
+    storage and in-place version: an optimizer step, ``load_state_dict`` or ``.to`` changes one)
+    and the autocast dtype are those it was made for; otherwise a new grid. Only for passes
+    without autograd (``ODEBlock`` asks for it in eval mode under ``no_grad``), whose memoised
+    weights carry no graph. One grid is kept: evaluating setting after setting keeps the latest.
+    """
+
+    def __init__(self):
+        self._key: tuple | None = None
+        self._params: tuple = ()  # held, so that the ids in the key cannot be reused by new tensors
+        self._grid: TimeGrid | None = None
+
+    def grid(self, times: torch.Tensor, module: nn.Module) -> TimeGrid:
+        params = tuple(module.parameters())
+        key = (times.dtype, times.device, tuple(times.tolist()), autocast_dtype(times.device),
+               tuple((id(p), p.data_ptr(), p._version) for p in params))
+        if key != self._key:
+            self._key, self._params, self._grid = key, params, TimeGrid(times)
+        return self._grid
+
+    def clear(self) -> None:
+        """Forget the kept grid (its weights are formed again on the next call)."""
+        self._key, self._params, self._grid = None, (), None
 
 
 _ACTIVE_GRID: contextvars.ContextVar[TimeGrid | None] = contextvars.ContextVar("nodelm_time_grid", default=None)
@@ -82,9 +127,9 @@ def active_grid() -> TimeGrid | None:
 
 
 @contextlib.contextmanager
-def time_grid(times: torch.Tensor):
-    """Open a ``TimeGrid`` over ``times`` for the duration of one solve."""
-    token = _ACTIVE_GRID.set(TimeGrid(times))
+def time_grid(times: torch.Tensor | TimeGrid):
+    """Open a ``TimeGrid`` over ``times`` (or ``times`` itself, a kept grid) for one solve."""
+    token = _ACTIVE_GRID.set(times if isinstance(times, TimeGrid) else TimeGrid(times))
     try:
         yield
     finally:
