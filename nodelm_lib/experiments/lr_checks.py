@@ -33,6 +33,7 @@ import numpy as np
 
 from nodelm_lib.config import TrainConfig, to_dict, with_values
 from nodelm_lib.runs.store import DEFAULT_STORE, load_records, read_record, record_path, run_hash
+from nodelm_lib.reporting.stats import mean_ci
 
 from .lr_selection import LRSelectionWarning, arm_grids, lr_search_configs, select_lr, select_lr_refined, selection_grids
 from .protocol import selected_lrs
@@ -80,17 +81,11 @@ def paired_margin(runner_up: pd.Series, best: pd.Series, confidence: float = 0.9
     """(margin, spread, ci_low, ci_high) of the per-seed differences ``runner_up - best`` (both
     indexed by seed): their mean, sample SD, and the t confidence interval of the mean. NaN where
     a seed's loss is missing; spread and interval NaN with one seed."""
-    from scipy import stats
-
     diff = (runner_up - best).to_numpy(float)
     if len(diff) == 0 or not np.isfinite(diff).all():
         return math.nan, math.nan, math.nan, math.nan
-    margin = float(np.mean(diff))
-    if len(diff) < 2:
-        return margin, math.nan, math.nan, math.nan
-    sd = float(np.std(diff, ddof=1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(diff) - 1)) * sd / math.sqrt(len(diff))
-    return margin, sd, margin - half, margin + half
+    ci = mean_ci(diff, confidence)  # sd and interval NaN with one seed
+    return ci["mean"], ci["sd"], ci["ci_low"], ci["ci_high"]
 
 
 def neighbour_instability(best: pd.Series, neighbour: pd.Series, gap: float,
