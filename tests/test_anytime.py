@@ -66,6 +66,30 @@ def test_per_sequence_nfe_matches_the_field_count_and_the_evaluation():
     assert (per_row["max_nfe"] >= per_row["nfe"]).all()
 
 
+def test_a_prefix_stride_scores_every_kth_position_as_the_full_scoring_does():
+    model, data = tiny("node"), batches(n=1, t=8)
+    setting = SolveSetting("dopri5", rtol=1e-3)
+    with anytime.solved_with(model, setting):
+        every, _ = anytime._scored(model, data, torch.device("cpu"), by_prefix=True)
+        strided, _ = anytime._scored(model, data, torch.device("cpu"), by_prefix=True, prefix_stride=3)
+    assert strided["position"].unique().tolist() == [2, 5]  # positions k-1, 2k-1, ...
+    kept = every[every["position"].isin([2, 5])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(strided, kept)
+    calls = counting(model)
+    table = anytime.evaluate_settings(model, data, [setting, SolveSetting("euler", n_steps=2)], prefix_stride=3)
+    assert table["tokens"].tolist() == [3 * 2, 3 * 8]  # the fixed grid still scores every position
+    assert table["loss"].iloc[0] == pytest.approx(kept["loss"].mean())
+    assert calls[0] == pytest.approx(table["nfe"].iloc[0] * 6 + 2)  # one adaptive solve per scored prefix
+    per_row = anytime.per_sequence_nfe(model, data, setting, prefix_stride=3)
+    assert per_row["nfe"].mean() == pytest.approx(table["nfe"].iloc[0])
+
+
+@pytest.mark.parametrize("stride", [0, -1, 1.5, True, "2"])
+def test_a_bad_prefix_stride_is_named(stride):
+    with pytest.raises(ValueError, match="prefix_stride"):
+        anytime.evaluate_settings(tiny("node"), batches(n=1), [SolveSetting("dopri5", rtol=1e-2)], prefix_stride=stride)
+
+
 def test_a_batch_wide_adaptive_solve_is_not_causal_which_is_why_each_prefix_is_solved_alone():
     model = tiny("ti_mlp")
     x = torch.randint(0, 32, (1, 10), generator=torch.Generator().manual_seed(2))

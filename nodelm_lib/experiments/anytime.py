@@ -84,7 +84,8 @@ def solved_with(model: CausalLM, setting: SolveSetting):
 
 
 @torch.no_grad()
-def _scored(model: CausalLM, batches: Sequence, device: torch.device, by_prefix: bool) -> pd.DataFrame:
+def _scored(model: CausalLM, batches: Sequence, device: torch.device, by_prefix: bool,
+            prefix_stride: int = 1) -> pd.DataFrame:
     """One row per scored token of ``batches`` (``batch``, ``row``, ``position``, ``loss``, ``nfe``
     of the solve its logits came from) and the forward passes' total seconds, in eval mode.
 
@@ -92,7 +93,10 @@ def _scored(model: CausalLM, batches: Sequence, device: torch.device, by_prefix:
     decoding one sequence without a cache computes them. An adaptive solver needs this: its step
     sizes come from an error norm over the whole tensor it is given, so over a whole batch later
     tokens (and other sequences) would steer the steps taken for earlier positions, a leak past
-    the causal mask. A fixed grid steps the same whatever the input: one solve per batch."""
+    the causal mask. A fixed grid steps the same whatever the input: one solve per batch.
+    ``prefix_stride`` k: by prefix, only every k-th position is scored (positions k-1, 2k-1, ...),
+    which costs about 1/k of the solves: a prefix's cost grows with its length, spread evenly."""
+    _check_stride(prefix_stride)
     was_training = model.training
     model.eval()
     rows, seconds = [], 0.0
@@ -108,7 +112,7 @@ def _scored(model: CausalLM, batches: Sequence, device: torch.device, by_prefix:
                 rows += [(b, i, s, float(losses[i, s]), nfe) for i in range(y.shape[0]) for s in range(y.shape[1])]
                 continue
             for i in range(x.shape[0]):
-                for s in range(x.shape[1]):
+                for s in range(prefix_stride - 1, x.shape[1], prefix_stride):
                     start = time.perf_counter()
                     logits, _ = model(x[i:i + 1, :s + 1])
                     seconds += time.perf_counter() - start
@@ -119,13 +123,21 @@ def _scored(model: CausalLM, batches: Sequence, device: torch.device, by_prefix:
     return pd.DataFrame(rows, columns=["batch", "row", "position", "loss", "nfe"]), seconds
 
 
+def _check_stride(prefix_stride: int) -> None:
+    if not (isinstance(prefix_stride, int) and not isinstance(prefix_stride, bool) and prefix_stride >= 1):
+        raise ValueError(f"prefix_stride={prefix_stride!r} is not valid; it must be an integer >= 1 "
+                         "(1: every position's prefix is solved)")
+
+
 def evaluate_settings(model: CausalLM, batches: Sequence, settings: Iterable[SolveSetting],
-                      device: str | torch.device = "cpu") -> pd.DataFrame:
+                      device: str | torch.device = "cpu", prefix_stride: int = 1) -> pd.DataFrame:
     """One row per setting: ``loss`` (mean per token over ``batches``), ``nfe`` (field evaluations
     per token, averaged over the tokens), ``ms_per_token`` (the forward passes' wall time over the
     tokens scored) and the setting. A fixed grid solves each batch once; an adaptive setting each
     prefix of each sequence alone (``_scored``: a batch-wide adaptive solve is not causal), which
-    costs about T times as many solves."""
+    costs about T times as many solves; ``prefix_stride`` k scores every k-th position there (the
+    row's ``tokens`` says how many were scored), about 1/k of that cost."""
+    _check_stride(prefix_stride)
     device = torch.device(device)
     batches = list(batches)
     if not batches:
@@ -133,7 +145,8 @@ def evaluate_settings(model: CausalLM, batches: Sequence, settings: Iterable[Sol
     rows = []
     for setting in settings:
         with solved_with(model, setting):
-            tokens, seconds = _scored(model, batches, device, by_prefix=setting.adaptive)
+            tokens, seconds = _scored(model, batches, device, by_prefix=setting.adaptive,
+                                      prefix_stride=prefix_stride if setting.adaptive else 1)
         rows.append({"setting": setting.label, "method": setting.method, "n_steps": setting.n_steps,
                      "rtol": setting.rtol, "adaptive": setting.adaptive, "nfe": tokens["nfe"].mean(),
                      "loss": tokens["loss"].mean(), "ms_per_token": 1e3 * seconds / len(tokens), "tokens": len(tokens)})
@@ -151,15 +164,16 @@ def score_as_trained(model: CausalLM, batches: Sequence, device: str | torch.dev
 
 
 def per_sequence_nfe(model: CausalLM, batches: Sequence, setting: SolveSetting,
-                     device: str | torch.device = "cpu") -> pd.DataFrame:
+                     device: str | torch.device = "cpu", prefix_stride: int = 1) -> pd.DataFrame:
     """An adaptive ``setting``'s cost for each sequence: one row per sequence of ``batches`` with
     its mean ``nfe`` per token (each prefix solved alone, as ``evaluate_settings`` does), the
-    ``max_nfe`` of its positions and its ``loss``: which inputs need more compute."""
+    ``max_nfe`` of its positions and its ``loss``: which inputs need more compute (over every
+    ``prefix_stride``-th position, as ``evaluate_settings`` scores them)."""
     if not setting.adaptive:
         raise ValueError(f"per_sequence_nfe needs an adaptive setting (one of {', '.join(ADAPTIVE_METHODS)}); "
                          f"a fixed grid ({setting.label}) costs every sequence the same")
     with solved_with(model, setting):
-        tokens, _ = _scored(model, list(batches), torch.device(device), by_prefix=True)
+        tokens, _ = _scored(model, list(batches), torch.device(device), by_prefix=True, prefix_stride=prefix_stride)
     return (tokens.groupby(["batch", "row"])
             .agg(nfe=("nfe", "mean"), max_nfe=("nfe", "max"), loss=("loss", "mean")).reset_index())
 
