@@ -20,7 +20,7 @@ def runs(losses: dict) -> pd.DataFrame:
 
 def test_each_criterion_flags_its_run_and_says_why():
     table = runs({"a": [1.80, 1.82, 2.26], "b": [1.80, math.nan, 1.81], "c": [2.50, 2.49, 2.51]})
-    reasons = divergence.divergence_reasons(table, divergence.DivergenceRule("bigram", 0.1), REFERENCES,
+    reasons = divergence.divergence_reasons(table, divergence.DivergenceRule("bigram", seed_margin=0.1), REFERENCES,
                                             group="cell")
     flagged = {(r.cell, r.seed): why for r, why in zip(table.itertuples(), reasons) if why}
     assert set(flagged) == {("a", 2), ("b", 1), ("c", 0), ("c", 1), ("c", 2)}
@@ -32,20 +32,20 @@ def test_each_criterion_flags_its_run_and_says_why():
 def test_a_run_just_inside_the_margin_and_a_group_of_two_are_not_flagged():
     # 1.905 is 0.095 above the median 1.81 of its others; with two seeds there is no median of others
     table = runs({"a": [1.80, 1.82, 1.905], "pair": [1.80, 2.30]})
-    flags = divergence.diverged(table, divergence.DivergenceRule("bigram", 0.1), REFERENCES, group="cell")
+    flags = divergence.diverged(table, divergence.DivergenceRule("bigram", seed_margin=0.1), REFERENCES, group="cell")
     assert not flags.any()
 
 
 def test_the_ceiling_alone_and_the_margin_alone():
     table = runs({"a": [1.80, 1.82, 2.26]})
-    assert divergence.diverged(table, divergence.DivergenceRule("trigram", None), REFERENCES, group="cell").tolist() \
+    assert divergence.diverged(table, divergence.DivergenceRule("trigram"), REFERENCES, group="cell").tolist() \
         == [False, False, True]
-    assert not divergence.diverged(table, divergence.DivergenceRule(None, 0.5), REFERENCES, group="cell").any()
+    assert not divergence.diverged(table, divergence.DivergenceRule(None, seed_margin=0.5), REFERENCES, group="cell").any()
 
 
 def test_without_diverged_blanks_only_the_flagged_runs_losses():
     table = runs({"a": [1.80, 1.82, 2.26]})
-    flags = divergence.diverged(table, divergence.DivergenceRule(), REFERENCES, group="cell")
+    flags = divergence.diverged(table, divergence.DivergenceRule(seed_margin=0.1), REFERENCES, group="cell")
     kept = divergence.without_diverged(table, flags)
     assert kept["val_loss"].isna().tolist() == [False, False, True]
     assert kept["test_loss"].isna().tolist() == [False, False, True]
@@ -53,7 +53,8 @@ def test_without_diverged_blanks_only_the_flagged_runs_losses():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"ceiling": ""}, "name an n-gram model"),
+    ({"above": ""}, "name a reference model"),
+    ({"above": "fourgram"}, r"above='fourgram' is not valid; name a reference model \(unigram, bigram, trigram\)"),
     ({"seed_margin": 0}, "finite number of nats > 0"),
     ({"seed_margin": math.inf}, "finite number of nats > 0"),
     ({"seed_margin": True}, "finite number of nats > 0"),
@@ -63,12 +64,13 @@ def test_a_bad_rule_is_refused(kwargs, message):
         divergence.DivergenceRule(**kwargs)
 
 
-def test_an_unknown_ceiling_names_the_reference_models():
-    with pytest.raises(ValueError, match=r"'fourgram' is not among the reference models \['bigram', 'trigram'\]"):
-        divergence.diverged(runs({"a": [1.8, 1.9, 2.0]}), divergence.DivergenceRule("fourgram"), REFERENCES,
+def test_a_level_missing_from_the_references_names_them():
+    with pytest.raises(ValueError, match=r"above='unigram' needs that reference's validation loss; the references "
+                                         r"given are \['bigram', 'trigram'\]"):
+        divergence.diverged(runs({"a": [1.8, 1.9, 2.0]}), divergence.DivergenceRule("unigram"), REFERENCES,
                             group="cell")
 
 
 def test_the_rule_describes_itself_with_the_ceilings_value():
-    text = divergence.DivergenceRule("bigram", 0.1).describe(REFERENCES)
+    text = divergence.DivergenceRule("bigram", seed_margin=0.1).describe(REFERENCES)
     assert "above the bigram's (2.470)" in text and "0.1 nats above the median" in text

@@ -183,7 +183,7 @@ def test_the_plan_lists_the_missing_full_length_runs_with_their_expected_time(tm
     ({"above": float("nan")}, r"above=nan is not valid"),
     ({"above": True}, r"above=True is not valid"),
     ({"above": "bigram", "action": "drop"}, r"action='drop' is not valid; choose one of rerun_lower, report"),
-    ({"above": "bigram", "when": "end"}, r"unknown key\(s\) \['when'\]; its keys are 'above' \(required\) and 'action'"),
+    ({"above": "bigram", "when": "end"}, r"unknown key\(s\) \['when'\]; its keys are 'above' \(required\), 'action' and 'seed_margin'"),
     ({"action": "report"}, r"'above' is missing"),
     ("bigram", r"divergence='bigram' is not valid; give None or a mapping"),
 ])
@@ -201,7 +201,7 @@ def test_the_divergence_rule_reads_its_level_from_the_references():
     assert DivergenceRule(2.0, "report").threshold() == 2.0
     with pytest.raises(ValueError, match=r"needs that reference's validation loss; the references given are \['unigram'\]"):
         rule.threshold({"unigram": 3.3})
-    assert "above the bigram (2.4700)" in rule.describe(refs)
+    assert "above the bigram's (2.470)" in rule.describe(refs) and "rerun once at the next lower rate" in rule.describe(refs)
 
 
 def runs_table() -> pd.DataFrame:
@@ -237,3 +237,22 @@ def test_a_report_only_rule_keeps_the_run_and_no_rule_changes_nothing():
     assert runs.loc[1, "divergence"] == "diverged at lr 0.004 (val 2.6000 > 2.5000)"
     same, empty = lr_checks.apply_divergence(runs_table(), None, None, {}, rerun)
     assert same.equals(runs_table()) and empty.empty
+
+
+def test_the_seed_margin_of_the_one_rule_reruns_a_run_far_above_its_siblings():
+    table = pd.DataFrame([{"arm": "a", "seed": s, "lr": 4e-3, "status": "completed", "val_loss": v}
+                          for s, v in enumerate([1.80, 1.82, 2.10])])
+    calls = []
+
+    def rerun(arm, seed, lr):
+        calls.append((arm, seed, lr))
+        return {"seed": seed, "lr": lr, "status": "completed", "val_loss": 1.83}
+
+    rule = divergence_rule({"above": "bigram", "seed_margin": 0.1})  # 2.10 is below the bigram, 0.29 above its siblings
+    runs, report = lr_checks.apply_divergence(table, rule, {"bigram": 2.47}, {"a": [2e-3, 4e-3]}, rerun)
+    assert calls == [("a", 2, 2e-3)] and runs["val_loss"].tolist() == [1.80, 1.82, 1.83]
+    assert "0.290 above the median 1.810 of its other seeds" in runs.loc[2, "divergence"]
+    assert report["rerun_diverged"].tolist() == [False]
+    # the same rule flags the same run in a results table (divergence.divergence_reasons, as 07's report does)
+    from nodelm_lib.experiments import divergence
+    assert divergence.diverged(table, rule, {"bigram": 2.47}).tolist() == [False, False, True]

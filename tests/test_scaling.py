@@ -326,7 +326,7 @@ def test_slope_tests_with_and_without_leave_out_the_flagged_run_only_in_the_seco
     points, _ = slope_sweep(np.random.default_rng(7))
     bad = (points["cell"] == "steep d=96") & (points["seed"] == 0)
     points.loc[bad, ["val_loss", "test_loss"]] += 0.5
-    flags = divergence.diverged(points, divergence.DivergenceRule("bigram", 0.1), {"bigram": 9.0}, group="cell")
+    flags = divergence.diverged(points, divergence.DivergenceRule("bigram", seed_margin=0.1), {"bigram": 9.0}, group="cell")
     assert flags.to_numpy().tolist() == bad.to_numpy().tolist()
     both = scaling.slope_tests_with_and_without(points, scaling.fit_trends(points), flags, "gpt")
     assert list(both["runs"].unique()) == ["all", "diverged left out"]

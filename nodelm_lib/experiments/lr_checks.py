@@ -10,9 +10,9 @@ choice, read seed by seed, and what it then asks for.
 - ``full_length_configs`` / ``full_length_check`` / ``decided_selection``: every arm whose margin
   is not shown outside its spread trains its chosen rate and its runner-up at the reported runs'
   length on the selection seeds, and that full-length result decides.
-- ``DivergenceRule`` (``divergence_rule`` reads it from the params) and ``apply_divergence``: a
-  reported run whose final validation loss is above a declared level is rerun once at the next
-  lower rate, and the table says so.
+- ``apply_divergence``: a reported run that diverged under the declared ``divergence.DivergenceRule``
+  (``divergence_rule`` reads it from the params) is rerun once at the next lower rate, or kept and
+  reported, and the table says so.
 - ``missing_full_length_runs`` / ``plan_full_length_check``: the full-length runs a profile's
   store lacks, with their expected training time (``python -m nodelm_lib.experiments.lr_checks``).
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -35,6 +34,7 @@ from nodelm_lib.config import TrainConfig, to_dict, with_values
 from nodelm_lib.runs.store import DEFAULT_STORE, load_records, read_record, record_path, run_hash
 from nodelm_lib.reporting.stats import mean_ci
 
+from .divergence import DivergenceRule, divergence_reasons, divergence_rule
 from .lr_selection import LRSelectionWarning, arm_grids, lr_search_configs, select_lr, select_lr_refined, selection_grids
 from .protocol import selected_lrs
 
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 
 UNSTABLE_GAP = 0.1  # nats: a neighbour seed this much worse than the chosen rate's marks an unstable neighbour
 HALF_STEP_MIN_RATIO = 1.9  # a half-step goes between rates at least this far apart (so a grid is refined once)
-DIVERGENCE_LEVELS = ("unigram", "bigram", "trigram")  # the n-gram references a divergence rule may name
-DIVERGENCE_ACTIONS = ("rerun_lower", "report")
 CHECK_COLUMNS = ["arm", "lr", "runner_up", "n_seeds", "margin", "spread", "diff_ci_low", "diff_ci_high",
                  "margin_inside_spread", "next_up", "unstable_neighbour", "unstable_reason"]
 
@@ -311,65 +309,6 @@ def select_lr_with_checks(base: TrainConfig, arms: dict[str, dict[str, Any]], lr
 
 # ---------------------------------------------------------------------------------------------- divergence
 
-@dataclass(frozen=True)
-class DivergenceRule:
-    """A run diverged when its final validation loss is above ``above``: one of the n-gram
-    references (``DIVERGENCE_LEVELS``, the notebook's add-k count models on the same split) or a loss
-    in nats. A failed run (no final loss) diverged too. ``action``: ``"rerun_lower"`` reruns it once
-    at the next lower rate of its arm's grid and reports it as such; ``"report"`` keeps it and says so.
-    Declared in the params before any run (``divergence: {above: bigram, action: rerun_lower}``)."""
-
-    above: str | float = "bigram"
-    action: str = "rerun_lower"
-
-    def __post_init__(self):
-        level = self.above
-        number = isinstance(level, (int, float)) and not isinstance(level, bool)
-        if not ((number and math.isfinite(level) and level > 0) or (isinstance(level, str) and level in DIVERGENCE_LEVELS)):
-            raise ValueError(f"divergence: above={level!r} is not valid; name a reference model "
-                             f"({', '.join(DIVERGENCE_LEVELS)}) or give a loss in nats (a finite number > 0)")
-        if self.action not in DIVERGENCE_ACTIONS:
-            raise ValueError(f"divergence: action={self.action!r} is not valid; choose one of "
-                             f"{', '.join(DIVERGENCE_ACTIONS)}")
-
-    def threshold(self, references: Mapping[str, float] | None = None) -> float:
-        """The loss above which a run diverged: ``above`` itself, or the named reference's
-        validation loss in ``references`` (model -> loss, e.g. the notebook's n-gram table)."""
-        if not isinstance(self.above, str):
-            return float(self.above)
-        if not references or self.above not in references:
-            raise ValueError(f"divergence: above={self.above!r} needs that reference's validation loss; the "
-                             f"references given are {sorted(references or {})}")
-        return float(references[self.above])
-
-    def diverged(self, val_loss: float, references: Mapping[str, float] | None = None) -> bool:
-        """Whether a run whose final validation loss is ``val_loss`` (NaN: failed) diverged."""
-        return not math.isfinite(val_loss) or val_loss > self.threshold(references)
-
-    def describe(self, references: Mapping[str, float] | None = None) -> str:
-        level = f"the {self.above} ({self.threshold(references):.4f})" if isinstance(self.above, str) else f"{self.above:g}"
-        then = "rerun once at the next lower rate" if self.action == "rerun_lower" else "kept and reported"
-        return f"a run whose final validation loss is above {level}, or that failed, diverged: {then}"
-
-
-def divergence_rule(value: Any) -> DivergenceRule | None:
-    """The rule a notebook's ``divergence`` parameter declares: None (or False) for none, a
-    ``DivergenceRule``, or a mapping with ``above`` (required) and ``action``."""
-    if value is None or value is False:
-        return None
-    if isinstance(value, DivergenceRule):
-        return value
-    if not isinstance(value, Mapping):
-        raise ValueError(f"divergence={value!r} is not valid; give None or a mapping such as "
-                         "{'above': 'bigram', 'action': 'rerun_lower'}")
-    unknown = sorted(set(value) - {"above", "action"})
-    if unknown or "above" not in value:
-        raise ValueError(f"divergence={dict(value)!r} is not valid: "
-                         + (f"unknown key(s) {unknown}; " if unknown else "'above' is missing; ")
-                         + "its keys are 'above' (required) and 'action'")
-    return DivergenceRule(**value)
-
-
 def next_lower_rate(grid: Iterable[float], lr: float) -> float:
     """The rate of ``grid`` next below ``lr``; half of ``lr`` when the grid has none below it."""
     lower = [float(r) for r in grid if float(r) < lr * (1 - 1e-9)]
@@ -380,9 +319,10 @@ def apply_divergence(runs: pd.DataFrame, rule: DivergenceRule | None, references
                      grids: Mapping[str, Iterable[float]], rerun: Callable[[str, int, float], Mapping[str, Any]]
                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs, report): a sweep's table (one row per arm and seed: arm, seed, lr, status, val_loss)
-    with ``rule`` applied, and one report row per diverged run. ``"rerun_lower"``: a diverged run's
-    row is replaced by ``rerun(arm, seed, lower)``'s (a row of the same columns; ``next_lower_rate``
-    of ``grids[arm]``, the arm's selection grid), once, whatever the rerun gives; ``"report"``: the
+    with ``rule`` applied (every criterion of it, an arm's seeds being the group of its seed
+    margin), and one report row per diverged run. ``"rerun_lower"``: a diverged run's row is
+    replaced by ``rerun(arm, seed, lower)``'s (a row of the same columns; ``next_lower_rate`` of
+    ``grids[arm]``, the arm's selection grid), once, whatever the rerun gives; ``"report"``: the
     row stays. Either way the table gains ``diverged_at_lr`` (the rate that diverged; NaN elsewhere)
     and ``divergence`` (what happened, "" elsewhere). ``rule`` None: both unchanged and empty."""
     import pandas as pd
@@ -393,11 +333,15 @@ def apply_divergence(runs: pd.DataFrame, rule: DivergenceRule | None, references
         return runs, pd.DataFrame(columns=report_columns)
     limit, out, report = rule.threshold(references), runs.copy(), []
     out["diverged_at_lr"], out["divergence"] = math.nan, ""
+    losses = runs.assign(val_loss=[float(v) if s == "completed" else math.nan
+                                   for v, s in zip(runs["val_loss"], runs["status"])])
+    reasons = divergence_reasons(losses, rule, references or {}, group="arm")
     for i, row in runs.iterrows():
-        loss = float(row["val_loss"]) if row["status"] == "completed" else math.nan
-        if not rule.diverged(loss, references):
+        if not reasons[i]:
             continue
-        lr, note = float(row["lr"]), f"diverged at lr {float(row['lr']):g} (val {loss:.4f} > {limit:.4f})"
+        loss, lr = float(losses.at[i, "val_loss"]), float(row["lr"])
+        note = (f"diverged at lr {lr:g} (val {loss:.4f} > {limit:.4f})" if not math.isfinite(loss) or loss > limit
+                else f"diverged at lr {lr:g} ({reasons[i]})")
         entry = {"arm": row["arm"], "seed": int(row["seed"]), "lr": lr, "val_loss": loss, "threshold": limit,
                  "action": rule.action, "rerun_lr": math.nan, "rerun_val_loss": math.nan, "rerun_diverged": None}
         if rule.action == "rerun_lower":
@@ -407,7 +351,9 @@ def apply_divergence(runs: pd.DataFrame, rule: DivergenceRule | None, references
                 if column in out.columns and column != "arm":
                     out.at[i, column] = value
             new_loss = float(new["val_loss"]) if new.get("status") == "completed" else math.nan
-            entry.update(rerun_lr=lower, rerun_val_loss=new_loss, rerun_diverged=rule.diverged(new_loss, references))
+            others = losses.loc[(losses["arm"] == row["arm"]) & (losses.index != i), "val_loss"].to_numpy()
+            entry.update(rerun_lr=lower, rerun_val_loss=new_loss,
+                         rerun_diverged=rule.diverged(new_loss, references, others))
             note = f"rerun at lr {lower:g}: {note}" + ("; the rerun diverged too" if entry["rerun_diverged"] else "")
         out.at[i, "diverged_at_lr"], out.at[i, "divergence"] = lr, note
         report.append(entry)
