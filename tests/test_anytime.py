@@ -66,28 +66,40 @@ def test_per_sequence_nfe_matches_the_field_count_and_the_evaluation():
     assert (per_row["max_nfe"] >= per_row["nfe"]).all()
 
 
-def test_a_prefix_stride_scores_every_kth_position_as_the_full_scoring_does():
+@pytest.mark.parametrize("by_prefix", [True, False])
+def test_a_stride_scores_every_kth_position_as_the_full_scoring_does(by_prefix):
     model, data = tiny("node"), batches(n=1, t=8)
-    setting = SolveSetting("dopri5", rtol=1e-3)
+    setting = SolveSetting("dopri5", rtol=1e-3) if by_prefix else SolveSetting("euler", n_steps=2)
     with anytime.solved_with(model, setting):
-        every, _ = anytime._scored(model, data, torch.device("cpu"), by_prefix=True)
-        strided, _ = anytime._scored(model, data, torch.device("cpu"), by_prefix=True, prefix_stride=3)
+        every, _, solved = anytime._scored(model, data, torch.device("cpu"), by_prefix=by_prefix)
+        strided, _, strided_solved = anytime._scored(model, data, torch.device("cpu"), by_prefix=by_prefix, stride=3)
     assert strided["position"].unique().tolist() == [2, 5]  # positions k-1, 2k-1, ...
     kept = every[every["position"].isin([2, 5])].reset_index(drop=True)
     pd.testing.assert_frame_equal(strided, kept)
+    # the time is per token computed: a prefix solve per scored token, a whole batch on a fixed grid
+    assert (solved, strided_solved) == ((3 * 8, 3 * 2) if by_prefix else (3 * 8, 3 * 8))
+
+
+def test_every_setting_scores_the_same_strided_tokens():
+    model, data = tiny("node"), batches(n=1, t=8)
+    adaptive, fixed = SolveSetting("dopri5", rtol=1e-3), SolveSetting("euler", n_steps=2)
     calls = counting(model)
-    table = anytime.evaluate_settings(model, data, [setting, SolveSetting("euler", n_steps=2)], prefix_stride=3)
-    assert table["tokens"].tolist() == [3 * 2, 3 * 8]  # the fixed grid still scores every position
-    assert table["loss"].iloc[0] == pytest.approx(kept["loss"].mean())
+    table = anytime.evaluate_settings(model, data, [adaptive, fixed], stride=3)
+    assert table["tokens"].tolist() == [3 * 2, 3 * 2]
     assert calls[0] == pytest.approx(table["nfe"].iloc[0] * 6 + 2)  # one adaptive solve per scored prefix
-    per_row = anytime.per_sequence_nfe(model, data, setting, prefix_stride=3)
+    with anytime.solved_with(model, fixed), torch.no_grad():
+        logits, _ = model(data[0][0])
+    own = torch.nn.functional.cross_entropy(logits[:, [2, 5]].flatten(0, 1), data[0][1][:, [2, 5]].flatten())
+    assert table["loss"].iloc[1] == pytest.approx(float(own), rel=1e-6)
+    per_row = anytime.per_sequence_nfe(model, data, adaptive, stride=3)
     assert per_row["nfe"].mean() == pytest.approx(table["nfe"].iloc[0])
+    assert anytime.score_as_trained(model, data, stride=3)["loss"] == pytest.approx(table["loss"].iloc[1])
 
 
 @pytest.mark.parametrize("stride", [0, -1, 1.5, True, "2"])
-def test_a_bad_prefix_stride_is_named(stride):
-    with pytest.raises(ValueError, match="prefix_stride"):
-        anytime.evaluate_settings(tiny("node"), batches(n=1), [SolveSetting("dopri5", rtol=1e-2)], prefix_stride=stride)
+def test_a_bad_stride_is_named(stride):
+    with pytest.raises(ValueError, match="stride"):
+        anytime.evaluate_settings(tiny("node"), batches(n=1), [SolveSetting("dopri5", rtol=1e-2)], stride=stride)
 
 
 def test_a_batch_wide_adaptive_solve_is_not_causal_which_is_why_each_prefix_is_solved_alone():

@@ -101,11 +101,10 @@ def test_a_curve_is_stored_beside_its_record_and_read_back_without_the_weights(t
     pd.testing.assert_frame_equal(first, again)
     with pytest.raises(FileNotFoundError, match="no final model of run"):
         ic.anytime_curve(record, [SolveSetting("euler", n_steps=5)], "validation", 1, checkpoints, store)
-    # a strided adaptive point is another point: it is not read back as the full one, nor computed from it
-    assert ic.curve_missing(record, settings, "validation", 1, store, adaptive_stride=4)
-    assert not ic.curve_missing(record, settings[:2], "validation", 1, store, adaptive_stride=4)  # fixed grids: the same
+    # a strided point is another point: it is not read back as the full one, nor computed from it
+    assert ic.curve_missing(record, settings[:1], "validation", 1, store, stride=4)
     assert ic.point_key(settings[2], "validation", 1, 4) == "anytime dopri5 rtol=0.01 validation first 1 every 4"
-    assert ic.point_key(settings[0], "validation", 1, 4) == ic.point_key(settings[0], "validation", 1)
+    assert ic.point_key(ic.AS_TRAINED, "validation", None, 2) == "anytime as trained validation all every 2"
 
 
 def test_a_stack_of_layers_is_scored_as_trained_at_its_depth_and_stored(tmp_path):

@@ -85,21 +85,24 @@ def solved_with(model: CausalLM, setting: SolveSetting):
 
 @torch.no_grad()
 def _scored(model: CausalLM, batches: Sequence, device: torch.device, by_prefix: bool,
-            prefix_stride: int = 1) -> pd.DataFrame:
+            stride: int = 1) -> tuple[pd.DataFrame, float, int]:
     """One row per scored token of ``batches`` (``batch``, ``row``, ``position``, ``loss``, ``nfe``
-    of the solve its logits came from) and the forward passes' total seconds, in eval mode.
+    of the solve its logits came from), the forward passes' total seconds and the number of
+    tokens they computed (what the time is per), in eval mode.
 
     ``by_prefix``: every position's logits from a solve of its own sequence's prefix alone, as
     decoding one sequence without a cache computes them. An adaptive solver needs this: its step
     sizes come from an error norm over the whole tensor it is given, so over a whole batch later
     tokens (and other sequences) would steer the steps taken for earlier positions, a leak past
     the causal mask. A fixed grid steps the same whatever the input: one solve per batch.
-    ``prefix_stride`` k: by prefix, only every k-th position is scored (positions k-1, 2k-1, ...),
-    which costs about 1/k of the solves: a prefix's cost grows with its length, spread evenly."""
-    _check_stride(prefix_stride)
+    ``stride`` k: only every k-th position is scored (positions k-1, 2k-1, ...): by prefix about
+    1/k of the solves (a prefix's cost grows with its length, spread evenly); on a fixed grid the
+    batch is solved whole and the same positions are kept, so that every setting scores the same
+    tokens."""
+    _check_stride(stride)
     was_training = model.training
     model.eval()
-    rows, seconds = [], 0.0
+    rows, seconds, computed = [], 0.0, 0
     try:
         for b, (x, y) in enumerate(batches):
             x, y = x.to(device), y.to(device)
@@ -109,35 +112,38 @@ def _scored(model: CausalLM, batches: Sequence, device: torch.device, by_prefix:
                 seconds += time.perf_counter() - start
                 losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view_as(y)
                 nfe = model.ode_stats().get("nfe", 0)
-                rows += [(b, i, s, float(losses[i, s]), nfe) for i in range(y.shape[0]) for s in range(y.shape[1])]
+                rows += [(b, i, s, float(losses[i, s]), nfe) for i in range(y.shape[0])
+                         for s in range(stride - 1, y.shape[1], stride)]
+                computed += y.numel()
                 continue
             for i in range(x.shape[0]):
-                for s in range(prefix_stride - 1, x.shape[1], prefix_stride):
+                for s in range(stride - 1, x.shape[1], stride):
                     start = time.perf_counter()
                     logits, _ = model(x[i:i + 1, :s + 1])
                     seconds += time.perf_counter() - start
                     loss = F.cross_entropy(logits[0, -1:].float(), y[i, s:s + 1])
                     rows.append((b, i, s, float(loss), model.ode_stats()["nfe"]))
+                    computed += 1  # the solve of a prefix is the cost of its last token
     finally:
         model.train(was_training)
-    return pd.DataFrame(rows, columns=["batch", "row", "position", "loss", "nfe"]), seconds
+    return pd.DataFrame(rows, columns=["batch", "row", "position", "loss", "nfe"]), seconds, computed
 
 
-def _check_stride(prefix_stride: int) -> None:
-    if not (isinstance(prefix_stride, int) and not isinstance(prefix_stride, bool) and prefix_stride >= 1):
-        raise ValueError(f"prefix_stride={prefix_stride!r} is not valid; it must be an integer >= 1 "
-                         "(1: every position's prefix is solved)")
+def _check_stride(stride: int) -> None:
+    if not (isinstance(stride, int) and not isinstance(stride, bool) and stride >= 1):
+        raise ValueError(f"stride={stride!r} is not valid; it must be an integer >= 1 (1: every position is scored)")
 
 
 def evaluate_settings(model: CausalLM, batches: Sequence, settings: Iterable[SolveSetting],
-                      device: str | torch.device = "cpu", prefix_stride: int = 1) -> pd.DataFrame:
+                      device: str | torch.device = "cpu", stride: int = 1) -> pd.DataFrame:
     """One row per setting: ``loss`` (mean per token over ``batches``), ``nfe`` (field evaluations
     per token, averaged over the tokens), ``ms_per_token`` (the forward passes' wall time over the
-    tokens scored) and the setting. A fixed grid solves each batch once; an adaptive setting each
-    prefix of each sequence alone (``_scored``: a batch-wide adaptive solve is not causal), which
-    costs about T times as many solves; ``prefix_stride`` k scores every k-th position there (the
-    row's ``tokens`` says how many were scored), about 1/k of that cost."""
-    _check_stride(prefix_stride)
+    tokens they computed) and the setting. A fixed grid solves each batch once; an adaptive setting
+    each prefix of each sequence alone (``_scored``: a batch-wide adaptive solve is not causal),
+    which costs about T times as many solves. ``stride`` k scores every k-th position at every
+    setting (the row's ``tokens`` says how many), the same tokens for all: about 1/k of an adaptive
+    setting's cost."""
+    _check_stride(stride)
     device = torch.device(device)
     batches = list(batches)
     if not batches:
@@ -145,35 +151,36 @@ def evaluate_settings(model: CausalLM, batches: Sequence, settings: Iterable[Sol
     rows = []
     for setting in settings:
         with solved_with(model, setting):
-            tokens, seconds = _scored(model, batches, device, by_prefix=setting.adaptive,
-                                      prefix_stride=prefix_stride if setting.adaptive else 1)
+            tokens, seconds, computed = _scored(model, batches, device, by_prefix=setting.adaptive, stride=stride)
         rows.append({"setting": setting.label, "method": setting.method, "n_steps": setting.n_steps,
                      "rtol": setting.rtol, "adaptive": setting.adaptive, "nfe": tokens["nfe"].mean(),
-                     "loss": tokens["loss"].mean(), "ms_per_token": 1e3 * seconds / len(tokens), "tokens": len(tokens)})
+                     "loss": tokens["loss"].mean(), "ms_per_token": 1e3 * seconds / computed, "tokens": len(tokens)})
     return pd.DataFrame(rows)
 
 
-def score_as_trained(model: CausalLM, batches: Sequence, device: str | torch.device = "cpu") -> dict[str, float]:
-    """``loss``, ``nfe`` and ``ms_per_token`` of ``model`` as it was trained (one solve per batch):
-    for a stack of layers, whose only setting this is, ``nfe`` is its depth in blocks
-    (``cfg.n_layers``), each costing about one field evaluation of the same width."""
-    tokens, seconds = _scored(model, list(batches), torch.device(device), by_prefix=False)
+def score_as_trained(model: CausalLM, batches: Sequence, device: str | torch.device = "cpu",
+                     stride: int = 1) -> dict[str, float]:
+    """``loss``, ``nfe`` and ``ms_per_token`` of ``model`` as it was trained (one solve per batch;
+    every ``stride``-th position scored, as ``evaluate_settings``): for a stack of layers, whose
+    only setting this is, ``nfe`` is its depth in blocks (``cfg.n_layers``), each costing about
+    one field evaluation of the same width."""
+    tokens, seconds, computed = _scored(model, list(batches), torch.device(device), by_prefix=False, stride=stride)
     has_ode = any(isinstance(m, ODEBlock) for m in model.modules())
     nfe = tokens["nfe"].mean() if has_ode else float(model.cfg.n_layers)
-    return {"loss": float(tokens["loss"].mean()), "nfe": float(nfe), "ms_per_token": 1e3 * seconds / len(tokens)}
+    return {"loss": float(tokens["loss"].mean()), "nfe": float(nfe), "ms_per_token": 1e3 * seconds / computed}
 
 
 def per_sequence_nfe(model: CausalLM, batches: Sequence, setting: SolveSetting,
-                     device: str | torch.device = "cpu", prefix_stride: int = 1) -> pd.DataFrame:
+                     device: str | torch.device = "cpu", stride: int = 1) -> pd.DataFrame:
     """An adaptive ``setting``'s cost for each sequence: one row per sequence of ``batches`` with
     its mean ``nfe`` per token (each prefix solved alone, as ``evaluate_settings`` does), the
     ``max_nfe`` of its positions and its ``loss``: which inputs need more compute (over every
-    ``prefix_stride``-th position, as ``evaluate_settings`` scores them)."""
+    ``stride``-th position, as ``evaluate_settings`` scores them)."""
     if not setting.adaptive:
         raise ValueError(f"per_sequence_nfe needs an adaptive setting (one of {', '.join(ADAPTIVE_METHODS)}); "
                          f"a fixed grid ({setting.label}) costs every sequence the same")
     with solved_with(model, setting):
-        tokens, _ = _scored(model, list(batches), torch.device(device), by_prefix=True, prefix_stride=prefix_stride)
+        tokens, _, _ = _scored(model, list(batches), torch.device(device), by_prefix=True, stride=stride)
     return (tokens.groupby(["batch", "row"])
             .agg(nfe=("nfe", "mean"), max_nfe=("nfe", "max"), loss=("loss", "mean")).reset_index())
 

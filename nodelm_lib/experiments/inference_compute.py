@@ -87,13 +87,12 @@ def _on_random_grids(model: ModelConfig, steps: tuple[int, int]) -> ModelConfig:
 AS_TRAINED = "as trained"
 
 
-def point_key(setting: SolveSetting | str, split: str, max_batches: int | None, adaptive_stride: int = 1) -> str:
-    """The name of one curve point among a run's stored evaluations (an adaptive point scored on
-    every k-th position, ``adaptive_stride`` k > 1, says so)."""
+def point_key(setting: SolveSetting | str, split: str, max_batches: int | None, stride: int = 1) -> str:
+    """The name of one curve point among a run's stored evaluations (a point scored on every k-th
+    position, ``stride`` k > 1, says so)."""
     label = setting if isinstance(setting, str) else setting.label
-    strided = adaptive_stride != 1 and isinstance(setting, SolveSetting) and setting.adaptive
     return (f"anytime {label} {split} " + ("all" if max_batches is None else f"first {max_batches}")
-            + (f" every {adaptive_stride}" if strided else ""))
+            + (f" every {stride}" if stride != 1 else ""))
 
 
 def applicable(model: ModelConfig, setting: SolveSetting) -> bool:
@@ -112,18 +111,18 @@ def applicable(model: ModelConfig, setting: SolveSetting) -> bool:
 
 def anytime_curve(record: RunRecord, settings: Iterable[SolveSetting], split: str = "test",
                   max_batches: int | None = None, checkpoints: str | Path = DEFAULT_CHECKPOINTS,
-                  store: str | Path | None = None, device: str = "cpu", adaptive_stride: int = 1) -> pd.DataFrame:
+                  store: str | Path | None = None, device: str = "cpu", stride: int = 1) -> pd.DataFrame:
     """One row per setting the run's model can be solved at (``applicable``): ``loss`` of the run's
     final model over its own fixed evaluation batches of ``split`` (the first ``max_batches``),
-    ``nfe`` and ``ms_per_token`` (an adaptive setting scores every ``adaptive_stride``-th position:
+    ``nfe`` and ``ms_per_token`` (every setting scores every ``stride``-th position:
     ``anytime.evaluate_settings``). Points stored beside the record (``store``) are read back; the
     others need the final model on disk and are stored."""
-    by_key = {point_key(s, split, max_batches, adaptive_stride): s for s in settings
+    by_key = {point_key(s, split, max_batches, stride): s for s in settings
               if applicable(record.train_config.model, s)}
 
     def evaluate(model, keys: list[str]) -> dict[str, dict]:
         batches = _batches(record, split, max_batches)
-        table = evaluate_settings(model, batches, [by_key[k] for k in keys], _device_of(model), adaptive_stride)
+        table = evaluate_settings(model, batches, [by_key[k] for k in keys], _device_of(model), stride)
         return {k: {c: float(row[c]) for c in ("loss", "nfe", "ms_per_token")}
                 for k, (_, row) in zip(keys, table.iterrows())}
 
@@ -170,29 +169,29 @@ def _batches(record: RunRecord, split: str, max_batches: int | None) -> list:
 
 
 def curve_missing(record: RunRecord, settings: Iterable[SolveSetting], split: str = "test",
-                  max_batches: int | None = None, store: str | Path = DEFAULT_STORE, adaptive_stride: int = 1) -> bool:
+                  max_batches: int | None = None, store: str | Path = DEFAULT_STORE, stride: int = 1) -> bool:
     """Whether ``anytime_curve`` of ``record`` needs the run's weights: some point is not stored."""
     stored = read_evaluations(record, store)
-    return any(point_key(s, split, max_batches, adaptive_stride) not in stored for s in settings
+    return any(point_key(s, split, max_batches, stride) not in stored for s in settings
                if applicable(record.train_config.model, s))
 
 
 def trained_points(models: Iterable[tuple[str, RunRecord]], split: str = "test", max_batches: int | None = None,
                    device: str = "cpu", store: str | Path = DEFAULT_STORE,
                    checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, workers: int = 1,
-                   progress: bool = False, launcher=None) -> pd.DataFrame:
+                   progress: bool = False, launcher=None, stride: int = 1) -> pd.DataFrame:
     """Every run of ``models`` at the one setting a stack of layers has, as it was trained: ``loss``
-    on the same batches as the curves, ``nfe`` = its blocks per token (``n_layers``, one field
-    evaluation's worth each) and ``ms_per_token``: the fixed-depth points the curves are read
-    against (``gpt`` at its compute). Stored beside each record as the curves are."""
+    on the same batches and positions (``stride``) as the curves, ``nfe`` = its blocks per token
+    (``n_layers``, one field evaluation's worth each) and ``ms_per_token``: the fixed-depth points
+    the curves are read against (``gpt`` at its compute). Stored beside each record as the curves are."""
     models = list(models)
-    key = point_key(AS_TRAINED, split, max_batches)
+    key = point_key(AS_TRAINED, split, max_batches, stride)
     records = with_weights_where_missing(models, lambda r: key not in read_evaluations(r, store), store,
                                          checkpoints, isolate, workers, progress, launcher)
 
     def evaluate(record: RunRecord):
         return lambda model, keys: {key: score_as_trained(model, _batches(record, split, max_batches),
-                                                          _device_of(model))}
+                                                          _device_of(model), stride)}
 
     return pd.DataFrame([{"arm": arm, "config_hash": record.config_hash, "seed": record.seed, "setting": AS_TRAINED,
                           **_kept_evaluations(record, [key], evaluate(record), store, checkpoints, device)[key]}
@@ -202,17 +201,17 @@ def trained_points(models: Iterable[tuple[str, RunRecord]], split: str = "test",
 def anytime_curves(models: Iterable[tuple[str, RunRecord]], settings: Iterable[SolveSetting], split: str = "test",
                    max_batches: int | None = None, device: str = "cpu", store: str | Path = DEFAULT_STORE,
                    checkpoints: str | Path = DEFAULT_CHECKPOINTS, isolate: bool = True, workers: int = 1,
-                   progress: bool = False, launcher=None, adaptive_stride: int = 1) -> pd.DataFrame:
+                   progress: bool = False, launcher=None, stride: int = 1) -> pd.DataFrame:
     """``anytime_curve`` of every (arm, record) of ``models``, one table with an ``arm`` column. A run
     whose curve is not all stored and whose final model is not on disk is trained again first
-    (deterministic: on the same kind of CPU, to the same numbers). An adaptive setting scores every
-    ``adaptive_stride``-th position (``anytime.evaluate_settings``)."""
+    (deterministic: on the same kind of CPU, to the same numbers). Every setting scores every
+    ``stride``-th position (``anytime.evaluate_settings``)."""
     models, settings = list(models), list(settings)
     records = with_weights_where_missing(
-        models, lambda r: curve_missing(r, settings, split, max_batches, store, adaptive_stride),
+        models, lambda r: curve_missing(r, settings, split, max_batches, store, stride),
         store, checkpoints, isolate, workers, progress, launcher)
     return pd.concat([anytime_curve(record, settings, split, max_batches, checkpoints, store, device,
-                                    adaptive_stride).assign(arm=arm)
+                                    stride).assign(arm=arm)
                       for (arm, _), record in zip(models, records)], ignore_index=True)
 
 
