@@ -449,13 +449,13 @@ class Declared:
 
 
 # the profiles the bullets report (07's is the four-width variant), and the bullets by their leads
-S02, S03, S04, S05, S06, S07, S08 = (
+S02, S03, S04, S05, S06, S07, S08, S09 = (
     "02_seed_comparison/cpu", "03_ablations/cpu", "04_spectral_lyapunov/cpu", "05_integrators/cpu",
-    "06_generation/cpu", "07_scaling/cpu_wide", "08_long_context/cpu")
-B1, B2, B3, B4, B5, B6, B7, B9 = (
+    "06_generation/cpu", "07_scaling/cpu_wide", "08_long_context/cpu", "09_compute_on_demand/cpu")
+B1, B2, B3, B4, B5, B6, B7, B8, B9 = (
     "No continuous-depth arm", "On WikiText-2 characters", "Across four small widths",
     "Depth-dependent weights", "Tong et al.", "Past the training context", "Gradients flow",
-    "Decoding with a KV cache")
+    "No arm trades inference compute", "Decoding with a KV cache")
 
 # The patterns below find a number by the words around it and capture whatever number is printed
 # there (N: a number, W: a number word), so that a changed number is compared with its source
@@ -500,6 +500,12 @@ CONSTANTS = [
              f"the first and last cost_steps of params/{S05}.yaml"),
     Declared(B9, rf"{N} new tokens", lambda: [params(S06)["bench_new_tokens"]],
              f"bench_new_tokens of params/{S06}.yaml"),
+    Declared(B8, rf"\({N} steps, {N} seeds, scored at {N} to {N} Euler steps",
+             lambda: [params(S09)["max_steps"], len(params(S09)["seeds"]), min(params(S09)["nfe_budgets"]),
+                      max(params(S09)["nfe_budgets"])],
+             f"max_steps, the seeds and the least and most nfe_budgets of params/{S09}.yaml"),
+    Declared(B8, rf"fixed {N}-step grid is best at {N} steps", lambda: [params(S09)["n_layers"]] * 2,
+             f"n_layers (the fixed grid's steps) of params/{S09}.yaml"),
 ]
 
 # numbers of one cell each, where the page's tables hold values one printed step either side too;
@@ -556,6 +562,33 @@ PINNED = [
              "the peak memory at 64 steps over that at 4 in results/integrators_cpu_summary.csv"),
 ]
 
+BY_SETTING = "compute_on_demand_cpu_by_setting.csv"
+
+
+def at_settings(arm: str, *settings: str) -> list[float]:
+    """``arm``'s mean loss at each setting of 09's table by setting, with the steps of each Euler
+    setting between them as the README prints them ("1.839 at 4, 2.608 at 16, 3.199 at dopri5")."""
+    values = []
+    for setting in settings:
+        values.append(cell(BY_SETTING, setting, arm=arm))
+        if setting.startswith("euler "):
+            values.append(int(setting.split()[1]))
+    return values
+
+
+PINNED += [
+    Declared(B8, rf"ti_mlp {N} at {N}, {N} at {N}, {N} at dopri5",
+             lambda: at_settings("ti_mlp", "euler 4", "euler 16", "dopri5 rtol=0.01"),
+             f"ti_mlp at 4 and 16 Euler steps and dopri5 rtol 0.01, results/{BY_SETTING}"),
+    Declared(B8, rf"trained on {N}-{N} steps scores {N} at {N} and {N} at {N}, yet {N} solved accurately",
+             lambda: params(S09)["random_steps"] + at_settings("ti_ssm random", "euler 4", "euler 16",
+                                                              "dopri5 rtol=0.01"),
+             f"random_steps of params/{S09}.yaml; ti_ssm random at 4, 16 and dopri5 rtol 0.01, results/{BY_SETTING}"),
+    Declared(B8, rf"is a flow \({N} at {N} steps, {N} at dopri5\)",
+             lambda: at_settings("ti_mlp reg", "euler 16", "dopri5 rtol=0.01"),
+             f"ti_mlp reg at 16 Euler steps and dopri5 rtol 0.01, results/{BY_SETTING}"),
+]
+
 # derivations: numbers the README computes from table entries, computed here from the same entries
 DERIVED = [
     Declared(B1, rf"with {N}x the parameters", lambda: [arm_ratio("seed_comparison_cpu.csv", "params", "node")],
@@ -589,6 +622,8 @@ DERIVED = [
              "the rows of results/long_context_cpu_tests.csv, 08's Holm family"),
     Declared(B6, rf"in all {W} seeds", lambda: [last_band_wins()],
              "the seeds with ti_ssm below gpt in the last band of results/long_context_cpu_bands.csv"),
+    Declared(B8, rf"Holm over {N} tests", lambda: [len(csv("compute_on_demand_cpu_tests.csv"))],
+             "the rows of results/compute_on_demand_cpu_tests.csv, 09's Holm family"),
 ]
 
 # neither a table entry nor a checked constant
