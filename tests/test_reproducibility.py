@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +18,15 @@ from nodelm_lib.runs import store as run_store
 
 # the tiny runs learn nothing in 3 steps, and say so
 pytestmark = pytest.mark.filterwarnings("ignore::nodelm_lib.training.record.AboveUniformWarning")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# The cheapest records of the committed cpu store (character-level, d=64, 4 layers, 250 steps at
+# batch 8, about 5 s of training each on the Intel Xeon that made them at fd53472). The smoke
+# store (results/runs/smoke) is rewritten by every nbval run and not committed.
+COMMITTED_STORE = REPO / "results" / "runs" / "cpu"
+CHEAP_COMMITTED = ["07f2628b1319fdc8", "35da1e6e6057d534", "5e853846e773f354"]  # gpt, ti_mlp, node
 
 
 def tiny(arch: str, seed: int) -> nl.TrainConfig:
@@ -137,3 +147,24 @@ def test_the_command_reads_a_table_prints_the_check_and_fails_on_a_mismatch(tiny
         record.final["val_loss"] = record.evals[-1]["val_loss"] = record.final["val_loss"] + 0.1
 
     assert rp.main([str(copy_store(tiny_store, tmp_path / "bad", tamper)), "--sample", "1"]) == 1
+
+
+def committed(config_hash: str):
+    return run_store.read_record(run_store.record_path(COMMITTED_STORE, config_hash))
+
+
+def test_the_retrain_sample_matches_its_records(tmp_path):
+    """Two of the committed cpu store's cheapest records, retrained at HEAD: exact on their CPU
+    type (an Intel Xeon, AVX512), within the cross-CPU tolerance elsewhere."""
+    start = time.perf_counter()
+    table = rp.check_reproducibility([committed(h) for h in CHEAP_COMMITTED], n=2, seed=0, progress=False)
+    assert table["config_hash"].nunique() == 2
+    mismatches = table[~table["match"]]
+    assert mismatches.empty, mismatches.to_string()
+    for _, row in table.iterrows():
+        if row["record_cpu"] == row["this_cpu"]:
+            assert row["rule"] == rp.SAME_CPU_RULE and row["recorded"] == row["retrained"]
+        else:
+            assert row["rule"] == rp.OTHER_CPU_RULE and abs(row["diff"]) <= row["tolerance"]
+    print(f"retrained {list(table['config_hash'].unique())} in {time.perf_counter() - start:.1f} s: "
+          f"{rp.summary(table)}")

@@ -249,7 +249,7 @@ def compare(recorded: RunRecord, retrained: RunRecord, arm: str | None = None,
                 "same_code": same_library([was["git_commit"], now["git_commit"]]),
                 "rule": SAME_CPU_RULE if exact else OTHER_CPU_RULE}
     rows = [{**identity, **row} for row in metric_rows(recorded, retrained, exact, tolerances)]
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=COLUMNS).astype({"step": "Int64"})  # a final loss has no step
 
 
 def head_commit(library: Path = LIBRARY) -> str:
