@@ -142,6 +142,12 @@ def test_the_command_reads_a_table_prints_the_check_and_fails_on_a_mismatch(tiny
     assert "same CPU: exact" in out and out.strip().endswith("all match")
     assert rp.main([str(tiny_store), "--sample", "9"]) == 2
     assert "choose n in 1..3" in capsys.readouterr().err
+    first = records[0].config_hash
+    failed = copy_store(tiny_store, tmp_path / "failed",
+                        lambda r: setattr(r, "status", "failed") if r.config_hash == first else None)
+    assert rp.main([str(failed), "--sample", "3"]) == 2
+    err = capsys.readouterr().err
+    assert f"not drawn (1 of 3): {first} did not complete (status 'failed')" in err and "choose n in 1..2" in err
 
     def tamper(record):
         record.final["val_loss"] = record.evals[-1]["val_loss"] = record.final["val_loss"] + 0.1

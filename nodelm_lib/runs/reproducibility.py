@@ -346,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
             records, arms = records_of_table(source, args.store)
         else:
             records, arms = records_of_store(source), {}
+        skipped = {r.config_hash: why_not_retrainable(r) for r in records if why_not_retrainable(r)}
+        if skipped:
+            print(f"not drawn ({len(skipped)} of {len(records)}): " +
+                  "; ".join(f"{h} {why}" for h, why in skipped.items()), file=sys.stderr)
         table = check_reproducibility(records, args.sample, args.seed, args.tolerance, args.step_tolerance, arms,
                                       args.work_dir)
     except (ValueError, FileNotFoundError) as err:
