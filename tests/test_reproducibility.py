@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # The cheapest records of the committed cpu store (character-level, d=64, 4 layers, 250 steps at
-# batch 8, about 5 s of training each on the Intel Xeon that made them at fd53472). The smoke
-# store (results/runs/smoke) is rewritten by every nbval run and not committed.
+# batch 8): seconds of training each, so that CI can afford them. The smoke store
+# (results/runs/smoke) is rewritten by every nbval run and not committed.
 COMMITTED_STORE = REPO / "results" / "runs" / "cpu"
 CHEAP_COMMITTED = ["07f2628b1319fdc8", "35da1e6e6057d534", "5e853846e773f354"]  # gpt, ti_mlp, node
 
@@ -161,7 +161,7 @@ def committed(config_hash: str):
 
 def test_the_retrain_sample_matches_its_records(tmp_path):
     """Two of the committed cpu store's cheapest records, retrained at HEAD: exact on their CPU
-    type (an Intel Xeon, AVX512), within the cross-CPU tolerance elsewhere."""
+    type (the one their records name), within the cross-CPU tolerance elsewhere."""
     start = time.perf_counter()
     table = rp.check_reproducibility([committed(h) for h in CHEAP_COMMITTED], n=2, seed=0, progress=False)
     assert table["config_hash"].nunique() == 2

@@ -38,19 +38,15 @@ from nodelm_lib.training.record import RunRecord
 from . import store as run_store
 from .records import LIBRARY, record_provenance, same_library
 
-# Final and validation losses (nats per token) of a record retrained on another kind of CPU: a
-# declared bound from the project's measurements, all of 2000-step runs of 02's cpu profile
-# (docs/reproducing.md, "Timing on shared machines"): retrained on another EPYC they ended within
-# 0.002 (ti_mlp), 0.004 (ti_ssm), 0.009 (ssm) and 0.018 (node) of their final test losses, and on
-# an AVX-512 EPYC 2e-4 to 1e-2 from their AVX2 records; 03's runs retrained on another CPU came
-# within 0.013 (CHANGELOG.md). 0.02 covers the largest (node, 0.018). Shorter runs grow less
-# rounding; a GPU record retrained on a CPU, or on another GPU, was never measured.
+# Final and validation losses (nats per token) of a record retrained on another kind of CPU: rounding
+# differs between instruction sets and grows over training, so the bound must cover the largest gap the
+# project has measured for its longest CPU runs (the measurements: docs/reproducing.md, "Checking that
+# records retrain at HEAD"). A GPU record retrained elsewhere is not covered: never measured.
 CROSS_CPU_TOLERANCE = 0.02
 
-# One step's training loss (one batch, no average) of a record retrained on another kind of CPU:
-# the 2000-step node run 8b63596 retrained on the AVX2 EPYC against its record differed by at most
-# 0.047 at one step (CHANGELOG.md, the blocked basis product). A declared bound from that one
-# measurement.
+# One step's training loss (one batch, no average) of a record retrained on another kind of CPU: a
+# single batch does not average rounding away, so its bound is looser than the final losses' (the
+# measurement it covers: docs/reproducing.md, same section).
 CROSS_CPU_STEP_TOLERANCE = 0.05
 
 SAME_CPU_RULE = "same CPU: exact"
