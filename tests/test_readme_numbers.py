@@ -376,17 +376,22 @@ def trigram_margin() -> float:
 
 
 def commits_between() -> int | None:
-    """Commits from the WikiText-2 runs' commit to the tiny-shakespeare runs' (their provenance
-    files); None where this checkout has no git history to count them in."""
+    """Commits between the tiny-shakespeare runs' commit and the WikiText-2 runs' (their provenance
+    files), whichever came first; None where this checkout has no git history to count them in."""
     commit = {p: re.search(r"by commit (\w+)", (RESULTS / f"{p}_provenance.txt").read_text()).group(1)
               for p in ("seed_comparison_cpu_wikitext2", "seed_comparison_cpu")}
-    span = f"{commit['seed_comparison_cpu_wikitext2']}..{commit['seed_comparison_cpu']}"
-    try:
-        out = subprocess.run(["git", "-C", str(REPO), "rev-list", "--count", span],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return int(out.stdout) if out.returncode == 0 else None
+    counts = []
+    for span in (f"{commit['seed_comparison_cpu']}..{commit['seed_comparison_cpu_wikitext2']}",
+                 f"{commit['seed_comparison_cpu_wikitext2']}..{commit['seed_comparison_cpu']}"):
+        try:
+            out = subprocess.run(["git", "-C", str(REPO), "rev-list", "--count", span],
+                                 capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode != 0:
+            return None
+        counts.append(int(out.stdout))
+    return max(counts)  # one of the two spans is empty: the later commit descends from the earlier
 
 
 def selection_cpu_types() -> int:
@@ -522,6 +527,12 @@ PINNED = [
     # a bound is pinned to the largest p of the tests it summarises
     Declared(B1, rf"Holm p < {N}", lambda: [holm_max(T02, arm=("ti_mlp", "ti_ssm"))],
              f"the largest Holm p of ti_mlp's and ti_ssm's tests (vs gpt and vs their controls), results/{T02}"),
+    Declared(B1, rf"ti_ssm \({N}\)", lambda: [cell(T02, "mean_diff", family="vs gpt", arm="ti_ssm")],
+             f"ti_ssm − gpt in results/{T02}"),
+    Declared(B2, rf"node \({N}\)", lambda: [cell(W02T, "mean_diff", family="vs gpt", arm="node")],
+             f"node − gpt in results/{W02T}"),
+    Declared(B2, rf"beats gpt there \({N}\)", lambda: [cell(W02T, "mean_diff", family="vs gpt", arm="ssm")],
+             f"ssm − gpt in results/{W02T}"),
     Declared(B2, rf"\(test {N}\)", lambda: [cell("seed_comparison_cpu_wikitext2.csv", "test loss", arm="gpt")],
              "gpt's test loss in results/seed_comparison_cpu_wikitext2.csv"),
     Declared(B2, rf"ti_ssm \({N}\)", lambda: [cell(W02T, "mean_diff", family="vs gpt", arm="ti_ssm")],
@@ -600,8 +611,13 @@ DERIVED = [
              "the hybrid's FLOPs/token over gpt's, results/seed_comparison_cpu_wikitext2.csv"),
     Declared(B2, rf"by {N} nats of test loss", lambda: [trigram_margin()],
              "the trigram's test loss (…_wikitext2_ngram.csv) minus the worst arm's mean (…_wikitext2_runs.csv)"),
-    Declared(B2, rf"{N} commits before", lambda: [commits_between()],
+    Declared(B2, rf"{N} commits (?:before|after)", lambda: [commits_between()],
              "the git history between the commits of results/seed_comparison_cpu{_wikitext2,}_provenance.txt"),
+    Declared(B2, rf"a {N}-step selection", lambda: [params("02_seed_comparison/cpu_wikitext2")["lr_steps"]],
+             "lr_steps of params/02_seed_comparison/cpu_wikitext2.yaml"),
+    Declared(B2, rf"{W} arms' learning rates changed",
+             lambda: [int(csv("seed_comparison_cpu_wikitext2_lr_full_length.csv").changed.sum())],
+             "the arms whose full-length check changed the rate, results/seed_comparison_cpu_wikitext2_lr_full_length.csv"),
     Declared(B2, rf"selected on {W} CPU types", lambda: [selection_cpu_types()],
              "the CPUs in the records of the runs results/seed_comparison_cpu_wikitext2_lr_selection.csv lists"),
     Declared(B3, rf"None of the {N} iso", lambda: [int((csv(ISO).extrapolated == "no").sum())],
