@@ -380,18 +380,14 @@ def commits_between() -> int | None:
     files), whichever came first; None where this checkout has no git history to count them in."""
     commit = {p: re.search(r"by commit (\w+)", (RESULTS / f"{p}_provenance.txt").read_text()).group(1)
               for p in ("seed_comparison_cpu_wikitext2", "seed_comparison_cpu")}
-    counts = []
-    for span in (f"{commit['seed_comparison_cpu']}..{commit['seed_comparison_cpu_wikitext2']}",
-                 f"{commit['seed_comparison_cpu_wikitext2']}..{commit['seed_comparison_cpu']}"):
-        try:
-            out = subprocess.run(["git", "-C", str(REPO), "rev-list", "--count", span],
-                                 capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if out.returncode != 0:
-            return None
-        counts.append(int(out.stdout))
-    return max(counts)  # one of the two spans is empty: the later commit descends from the earlier
+    # a...b: the commits on either side but not both, the distance when one descends from the other
+    span = f"{commit['seed_comparison_cpu']}...{commit['seed_comparison_cpu_wikitext2']}"
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-list", "--count", span],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return int(out.stdout) if out.returncode == 0 else None
 
 
 def selection_cpu_types() -> int:

@@ -4,10 +4,11 @@ Losses come back bit for bit on a CPU of the records' type, and within a measure
 another (``runs.reproducibility``). Timings do not: seconds, tokens per second and peak memory
 belong to the machine that measured them. A notebook whose outputs are timings (05's solver costs,
 06's decoding speed) therefore keeps, beside its main table, a one-line file naming that machine
-(``<name>_machine.txt``, e.g. ``results/generation_cpu_machine.txt``: "Intel(R) Xeon(R) Processor
-(AVX512)", ``runs.timing.machine_of``'s wording). A rerun on the same kind of machine rewrites the
-committed outputs; a rerun elsewhere writes its own beside them, every name with ``_on_<machine>``
-added (``generation_cpu_on_amd-epyc-7b13-avx2.csv``), and leaves the committed ones as they are.
+(``<name>_machine.txt``, e.g. ``results/generation_cpu_machine.txt``, holding the CPU model and
+torch's capability in ``runs.timing.machine_of``'s wording). A rerun on the same kind of machine
+rewrites the committed outputs; a rerun elsewhere writes its own beside them, every name with
+``_on_<machine>`` added (``generation_cpu_on_<machine_slug>.csv``), and leaves the committed ones
+as they are: a table's timings then always come from one machine.
 
     where = measured_on(results_dir, f"generation_{profile}", device)
     speed.to_csv(results_dir / f"{where.name('generation_' + profile)}.csv")
@@ -25,7 +26,7 @@ MACHINE_FILE = "{name}_machine.txt"
 
 def machine_slug(machine: str) -> str:
     """``machine`` as a file-name part: lower case, every run of other characters one hyphen
-    ("Intel(R) Xeon(R) Processor (AVX512)" -> "intel-r-xeon-r-processor-avx512")."""
+    ("Some CPU (AVX2)" -> "some-cpu-avx2"), so that a file name holds no spaces or brackets."""
     slug = re.sub(r"[^a-z0-9]+", "-", machine.lower()).strip("-")
     if not slug:
         raise ValueError(f"machine {machine!r} has no letters or digits to name its files by")
