@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import nodelm_lib as nl
-from nodelm_lib.models.scans import _SelectiveScan, selective_scan
+from nodelm_lib.models import scans
+from nodelm_lib.models.scans import _SelectiveScan, inference_block, selective_scan
 from nodelm_lib.nn.time_layers import HyperLinear, ModulatedLinear
 
 ARCHS = ["node", "ti_mlp", "ti_ssm"]
@@ -214,3 +215,36 @@ def test_scan_without_kept_states_equals_the_differentiable_scan(T, with_h0):
     with torch.no_grad():
         y, last = selective_scan(x, delta, A, B_s, C_s, h0)
     assert torch.equal(y, y_ref) and torch.equal(last, last_ref)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 4, 16, 64])
+def test_the_scan_without_kept_states_equals_the_differentiable_scan_at_any_block(block):
+    """The inference scan's block is sized to the cache (``inference_block``), not fixed: at any
+    block, including one that ends mid-sequence and one past its end, y and the last state are
+    the training scan's (blocks of 16) bit for bit, at a width whose read-out is a real matmul
+    (D 128, N 16). This is what lets the block change without changing any stored evaluation."""
+    g = torch.Generator().manual_seed(block)
+    B, T, D, N = 2, 37, 128, 16
+    x, delta = torch.randn(B, T, D, generator=g), torch.rand(B, T, D, generator=g) * 0.5
+    A = -torch.rand(D, N, generator=g) * 16
+    B_s, C_s, h0 = torch.randn(B, T, N, generator=g), torch.randn(B, T, N, generator=g), torch.randn(B, D, N, generator=g)
+    y_ref, last_ref = _SelectiveScan.apply(x, delta, A, B_s, C_s, h0, scans.SCAN_BLOCK)
+    with torch.no_grad():
+        y, last = selective_scan(x, delta, A, B_s, C_s, h0, block=block)
+    assert torch.equal(y, y_ref) and torch.equal(last, last_ref)
+
+
+def test_the_inference_block_is_the_largest_power_of_two_that_fits_the_cache_budget(monkeypatch):
+    """Two (block, B, N, D) buffers fit ``INFERENCE_BLOCK_BYTES``: 4 positions at 02's cpu shape
+    (B 12, N 16, D 128, float32: 192 KiB per position), 64 for one window of 08 (B 1), and one
+    position when even one does not fit."""
+    monkeypatch.setattr(scans, "INFERENCE_BLOCK_BYTES", 1 << 20)
+    assert inference_block(12, 16, 128) == 4
+    assert inference_block(1, 16, 128) == 64
+    assert inference_block(12, 16, 128, itemsize=8) == 2
+    assert inference_block(512, 16, 128) == 1
+    for batch in range(1, 40):
+        block = inference_block(batch, 16, 128)
+        assert block & (block - 1) == 0
+        assert 2 * block * batch * 16 * 128 * 4 <= (1 << 20) or block == 1
+        assert 4 * block * batch * 16 * 128 * 4 > (1 << 20)  # twice the block would not fit

@@ -135,6 +135,20 @@ def time_major(*tensors: torch.Tensor, axis: int) -> list[torch.Tensor]:
 
 
 SCAN_BLOCK = 16  # positions per block of ``_SelectiveScan`` (see there)
+# The scan without autograd keeps only one block of decays and one of states, so its block can be
+# sized to a core's cache rather than fixed: both buffers together fit in this many bytes
+# (``inference_block``). A block of any length gives the same numbers bit for bit (each position's
+# arithmetic is the same), so this only sets the speed.
+INFERENCE_BLOCK_BYTES = 1 << 20
+
+
+def inference_block(batch: int, state_size: int, channels: int, itemsize: int = 4) -> int:
+    """Positions per block of the scan without autograd: the largest power of two whose decays
+    and states, (block, batch, state_size, channels) each, fit ``INFERENCE_BLOCK_BYTES``
+    together; at least 1. At 02's cpu shape (B 12, N 16, D 128, float32) 4 positions; one
+    window of 08 (B 1) 64."""
+    fits = INFERENCE_BLOCK_BYTES // (2 * batch * state_size * channels * itemsize)
+    return 1 << max(0, fits.bit_length() - 1)
 
 
 class _SelectiveScan(torch.autograd.Function):
@@ -187,8 +201,9 @@ class _SelectiveScan(torch.autograd.Function):
 def _scan_forward(x, delta, A, B_s, C_s, h0, block, keep_states: bool = True):
     """``_SelectiveScan``'s forward: y (B, T, D) and the last state (B, D, N), both views, and
     the states H (T, B, N, D) that backward needs, or None with ``keep_states=False`` (no
-    backward: each block's states then go into one block-sized buffer, which stays in cache,
-    instead of a full-size tensor written once and never read; the same numbers)."""
+    backward: the blocks' states then go into two block-sized buffers in turn, which stay in
+    cache, instead of a full-size tensor written once and never read; the same numbers. Two, so
+    that the state that ends a block is still there when the next block starts from it)."""
     (delta_tm, x_tm), (B_tm, C_tm) = time_major(delta, x, axis=-2), time_major(B_s, C_s, axis=-1)
     shape = (*delta_tm.shape[:2], A.shape[1], A.shape[0])  # (T, B, N, D)
     A_2 = _log2_decay_rates(A.t().contiguous())
@@ -196,22 +211,22 @@ def _scan_forward(x, delta, A, B_s, C_s, h0, block, keep_states: bool = True):
     # big outputs go into buffers from torch.empty: measured on CPU, an elementwise op
     # that allocates its own (T, B, N, D) output page-faults and runs 5-8x slower
     block_shape = (min(block, shape[0]), *shape[1:])
-    H = delta.new_empty(shape if keep_states else block_shape)
+    H = delta.new_empty(shape) if keep_states else None
+    buffers = () if keep_states else (delta.new_empty(block_shape), delta.new_empty(block_shape))
     a_b = delta.new_empty(block_shape)  # one block's decays, rebuilt in backward
     y = delta.new_empty(shape[0], shape[1], 1, shape[3])
     previous = None if h0 is None else h0.transpose(-1, -2)  # h_{s-1} at the block's start
-    for lo, hi in _blocks(shape[0], block):
+    for i, (lo, hi) in enumerate(_blocks(shape[0], block)):
         _decays(delta_tm[lo:hi], A_2, out=a_b[:hi - lo])
         # the inputs b_s; states in place
-        H_b = torch.mul(dx[lo:hi], B_tm[lo:hi], out=H[lo:hi] if keep_states else H[:hi - lo])
+        H_b = torch.mul(dx[lo:hi], B_tm[lo:hi], out=H[lo:hi] if keep_states else buffers[i % 2][:hi - lo])
         states, decays = H_b.unbind(0), a_b.unbind(0)  # one op for all positions' views, not one each
         if previous is not None:
             states[0].addcmul_(decays[0], previous)
         for s in range(1, hi - lo):
             states[s].addcmul_(decays[s], states[s - 1])
         torch.matmul(C_tm[lo:hi].transpose(-1, -2), H_b, out=y[lo:hi])  # sum over n
-        # without kept states the next block overwrites the buffer: carry the last state out of it
-        previous = H_b[-1] if keep_states else H_b[-1].clone()
+        previous = H_b[-1]
     if not keep_states:
         return y.squeeze(-2).transpose(0, 1), previous.transpose(-1, -2), None
     return y.squeeze(-2).transpose(0, 1), H[-1].transpose(-1, -2), H
@@ -331,29 +346,31 @@ COMPILED_SCAN = _define_compiled_scan()
 
 
 def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B_s: torch.Tensor, C_s: torch.Tensor,
-                   h0: torch.Tensor | None = None, block: int = SCAN_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+                   h0: torch.Tensor | None = None, block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     r"""The selective SSM's core: y_{s,d} = sum_n C_{s,n} h_{s,d,n} with
     h_s = exp(Delta_s A) * h_{s-1} + Delta_s x_s B_s and h_{-1} = ``h0`` (default 0).
 
     x, delta (B, T, D); A (D, N); B_s, C_s (B, T, N); h0 (B, D, N). Returns y (B, T, D) and the
     last state h_{T-1} (B, D, N). Differentiable in every input (``_SelectiveScan``, which works
-    through the positions ``block`` at a time; any block gives the same numbers up to rounding).
+    through the positions ``block`` at a time; any block gives the same outputs, and gradients
+    up to rounding). ``block`` None: ``SCAN_BLOCK`` with autograd, ``inference_block`` without.
     """
     if x.shape != delta.shape or x.dim() != 3:
         raise ValueError(f"x and delta must have the same shape (B, T, D); got {tuple(x.shape)} and {tuple(delta.shape)}")
-    if block < 1:
-        raise ValueError(f"block={block} must be a positive number of positions")
+    if block is not None and block < 1:
+        raise ValueError(f"block={block} must be a positive number of positions (or None: the default)")
     differentiated = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                      for t in (x, delta, A, B_s, C_s, h0))
     if x.shape[1] == 1 and not differentiated:
         return _scan_step(x, delta, A, B_s, C_s, h0)
     if compiling() and COMPILED_SCAN is not None:
-        y, last, _ = COMPILED_SCAN(x, delta, A, B_s, C_s, h0, block)
+        y, last, _ = COMPILED_SCAN(x, delta, A, B_s, C_s, h0, block or SCAN_BLOCK)
         return y, last
     if not differentiated:  # no backward: the states need not be kept
+        block = block or inference_block(x.shape[0], A.shape[1], A.shape[0], x.element_size())
         y, last, _ = _scan_forward(x, delta, A, B_s, C_s, h0, block, keep_states=False)
         return y, last
-    return _SelectiveScan.apply(x, delta, A, B_s, C_s, h0, block)
+    return _SelectiveScan.apply(x, delta, A, B_s, C_s, h0, block or SCAN_BLOCK)
 
 
 def _scan_step(x, delta, A, B_s, C_s, h0):
