@@ -135,10 +135,11 @@ def time_major(*tensors: torch.Tensor, axis: int) -> list[torch.Tensor]:
 
 
 SCAN_BLOCK = 16  # positions per block of ``_SelectiveScan`` (see there)
-# The scan without autograd keeps only one block of decays and one of states, so its block can be
-# sized to a core's cache rather than fixed: both buffers together fit in this many bytes
-# (``inference_block``). A block of any length gives the same numbers bit for bit (each position's
-# arithmetic is the same), so this only sets the speed.
+# The scan without autograd keeps no states for backward, only the block being worked on (its
+# decays and its states; the previous block's states wait in a second buffer for their last row),
+# so its block can be sized to a core's cache rather than fixed: that block's decays and states
+# together fit in this many bytes (``inference_block``). A block of any length gives the same
+# numbers bit for bit (each position's arithmetic is the same), so this only sets the speed.
 INFERENCE_BLOCK_BYTES = 1 << 20
 
 
