@@ -69,6 +69,8 @@ def test_a_profile_loads_by_name_from_an_installed_wheel(tmp_path):
     where, values = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(where).is_relative_to(site)  # the installed copy, not the checkout
     assert values == profiles.load_profile("02_seed_comparison", "colab")
+    # the compiled CPU scan's source travels with the package (models/scan_cpu.py builds from it)
+    assert (Path(where).parent / "models" / "scan_cpu.cpp").read_text() == (ROOT / "nodelm_lib/models/scan_cpu.cpp").read_text()
 
 
 def test_make_wheel_needs_no_dev_environment():

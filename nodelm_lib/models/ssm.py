@@ -17,6 +17,7 @@ from nodelm_lib.nn.frozen import FrozenSSM, freeze_layer
 from nodelm_lib.nn.time_grid import GridPoint
 from nodelm_lib.nn.time_layers import ModulatedLinear, StaticLinear
 
+from . import scan_cpu
 from .common import twice_differentiable
 from .scan_triton import triton_selective_scan
 from .scans import (check_chunk_size, linear_recurrence, scan_in_float32, scan_with, selective_scan,
@@ -72,7 +73,7 @@ class SelectiveSSM(nn.Module):
         if chunk_size is not None:
             check_chunk_size(chunk_size)
         self.d_model, self.state_size, self.chunk_size = d_model, state_size, chunk_size
-        self.kernel: str | None = None  # "triton": scan_triton's kernels, a CUDA candidate (``scan``)
+        self.kernel: str | None = None  # "triton" or "cpu": another kernel for the scan (``scan``, ``use_scan_kernel``)
         self.time_dependent = hidden is not None
 
         def linear(in_features: int, out_features: int, bias: bool) -> nn.Module:
@@ -132,15 +133,20 @@ class SelectiveSSM(nn.Module):
     def scan(self):
         """The scan this layer runs: the fused ``selective_scan``, or with ``chunk_size`` the
         chunked linear recurrence, or with ``kernel = "triton"`` the two Triton kernels of
-        ``scan_triton`` (a candidate on CUDA, not chosen by default until measured there); in
-        float32 at least (``scan_in_float32``). Asked for kernels that differentiate twice
+        ``scan_triton`` (a candidate on CUDA, not chosen by default until measured there), or with
+        ``kernel = "cpu"`` the compiled loop of ``scan_cpu`` at inference on a CPU (the same
+        function to float32 accuracy; training still runs ``selective_scan``); in float32 at
+        least (``scan_in_float32``). Asked for kernels that differentiate twice
         (``common.differentiable_twice``: the Jacobian regulariser), the sequential scan."""
-        if self.kernel not in (None, "triton"):
-            raise ValueError(f"kernel={self.kernel!r} is not valid; choose None (the library's scan) or 'triton'")
+        check_kernel(self.kernel)
         if not compiling() and twice_differentiable():  # compiled training refuses the regularisers (TrainConfig)
             return functools.partial(scan_in_float32, selective_scan_reference)
         if self.kernel == "triton":
             return functools.partial(scan_in_float32, triton_selective_scan)
+        if self.kernel == "cpu":
+            scan = functools.partial(scan_in_float32, scan_cpu.cpu_selective_scan)
+            scan.one_pass = scan_cpu.gated_scan  # _forward's whole mixing step, where scan_cpu.applies
+            return scan
         if self.chunk_size is None:
             return functools.partial(scan_in_float32, selective_scan)
         return functools.partial(scan_in_float32, scan_with(lambda a, b: linear_recurrence(a, b, self.chunk_size)))
@@ -150,21 +156,52 @@ class SelectiveSSM(nn.Module):
         return self._forward(u, h, functools.partial(scan_in_float32, selective_scan_reference))
 
     def _forward(self, u: torch.Tensor, h: torch.Tensor, scan) -> torch.Tensor:
+        """The layer's function with ``scan``. A scan with a ``one_pass`` (``kernel = "cpu"``) runs
+        everything from the softplus to the gate in that one call where ``scan_cpu.applies``."""
         D, N = self.d_model, self.state_size
         x, z = self.in_proj(u, h).chunk(2, dim=-1)
         x = F.silu(x)  # Mamba applies SiLU after its convolution; there is no convolution here
         delta, B_s, C_s = self.x_proj(x, h).split([D, N, N], dim=-1)
-        delta = F.softplus(delta)  # (B, T, D)
         cache = active_cache()
         slot = cache.slot() if cache is not None else None
         # while decoding, continue from the state after the last cached position
+        state = slot.get("state") if slot is not None else None
         h_t = h.value if isinstance(h, GridPoint) else h  # A(t), D(t) from h(t) itself: two small heads
         A_t = _per_time(h, self, "A", lambda: self.A_at(h_t))
-        y, last = scan(x, delta, A_t, B_s, C_s, slot.get("state") if slot is not None else None)
+        D_t = _per_time(h, self, "D", lambda: self.D_at(h_t))
+        one_pass = getattr(scan, "one_pass", None)
+        if one_pass is not None and scan_cpu.applies(x, delta, A_t, B_s, C_s, state, D_t, z):
+            mixed, last = one_pass(x, delta, A_t, B_s, C_s, state, D_t, z)
+        else:
+            y, last = scan(x, F.softplus(delta), A_t, B_s, C_s, state)  # delta (B, T, D)
+            mixed = (y + D_t * x) * F.silu(z)
         if slot is not None:
             slot["state"] = last
-        y = y + _per_time(h, self, "D", lambda: self.D_at(h_t)) * x
-        return self.out_proj(y * F.silu(z), h)
+        return self.out_proj(mixed, h)
+
+
+KERNELS = (None, "triton", "cpu")  # SelectiveSSM.kernel: the library's scan, scan_triton's, scan_cpu's
+
+
+def check_kernel(kernel) -> None:
+    """A ValueError naming ``kernel`` unless it is one of ``KERNELS``."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r} is not valid; choose None (the library's scan), 'triton' (CUDA) "
+                         "or 'cpu' (a compiled loop for inference on a CPU)")
+
+
+def use_scan_kernel(model: nn.Module, kernel: str | None) -> int:
+    """Set every selective SSM layer of ``model`` to run the scan by ``kernel`` (``KERNELS``;
+    ``SelectiveSSM.scan``) and return how many layers there are (0: the model has no SSM). Not part
+    of the config: it changes how the same function is computed, not the model. For "cpu" the
+    kernel is built now (``scan_cpu.build``), so a missing compiler is said here, not mid-evaluation."""
+    check_kernel(kernel)
+    layers = [m for m in model.modules() if isinstance(m, SelectiveSSM)]
+    if kernel == "cpu" and layers:
+        scan_cpu.build()
+    for layer in layers:
+        layer.kernel = kernel
+    return len(layers)
 
 
 def _per_time(h, owner: nn.Module, name: str, compute):
