@@ -10,7 +10,9 @@ Weights generated from t (``node``'s hypernetwork, the time-indexed gates) are f
 untimed first solve and kept for the next ones (``ODEBlock.open_grid``), as at inference over many
 batches. The reference is one ``gpt`` block (attention + MLP) on the same activations. The arms
 take turns within each round (a slow period of the shared machine hits them alike); the median of
-each is compared. Target: one NFE at most 1.15x one ``gpt`` block.
+each is compared. Target: one NFE at most 1.15x one ``gpt`` block. Arms with a selective SSM
+(``ti_ssm``) are timed with the library's scan and again with ``scan_cpu``'s compiled loop
+(``--scan-kernels``; ``SelectiveSSM.kernel = "cpu"``), the same function up to float32 rounding.
 
 Memory comes from the heap as in training (``keep_freed_memory``): otherwise glibc's history of
 freed blocks decides which case page-faults on its large tensors. ``--clock cpu`` times the
@@ -31,6 +33,8 @@ from pathlib import Path
 import torch
 
 import nodelm_lib as nl
+from nodelm_lib.models import scan_cpu
+from nodelm_lib.models.ssm import use_scan_kernel
 from nodelm_lib.nn.layers import Block
 from nodelm_lib.reporting.reproduce import machine
 from nodelm_lib.training.profiling import keep_freed_memory
@@ -64,8 +68,13 @@ def measure(a: argparse.Namespace) -> list[dict]:
     cases = {"gpt block": (gpt, 1)}
     for arch in a.archs:
         block = block_of(arch, a)
-        for n in a.steps:  # a copy per setting: a block keeps the weights of its last grid only
-            cases[f"{arch} {n} steps"] = (_solver(copy.deepcopy(block), n), n)
+        for kernel in a.scan_kernels:  # the same weights under each kernel
+            variant = copy.deepcopy(block)
+            if kernel != "library" and not use_scan_kernel(variant, kernel):
+                continue  # no selective SSM in this arm: the kernel changes nothing
+            suffix = "" if kernel == "library" else f", {kernel} scan kernel"
+            for n in a.steps:  # a copy per setting: a block keeps the weights of its last grid only
+                cases[f"{arch} {n} steps{suffix}"] = (_solver(copy.deepcopy(variant), n), n)
     times = {name: [] for name in cases}
     for name, (fn, _) in cases.items():  # warm-up: first calls allocate, pick kernels and form the kept weights
         fn(x)
@@ -101,6 +110,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--scan-kernels", nargs="+", choices=["library", "cpu"], default=["library", "cpu"],
+                   help="the selective scan's kernels to time in arms that have one: the library's default, and "
+                        "scan_cpu's compiled loop (needs a C++ compiler and ninja; left out with a note where absent)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--clock", choices=list(CLOCKS), default="wall",
                    help="wall time, or the calling thread's CPU time (one thread only)")
@@ -108,6 +120,9 @@ def main() -> None:
     a = p.parse_args()
     if a.clock == "cpu" and a.threads != 1:
         p.error(f"--clock cpu counts the calling thread only: it needs --threads 1, got {a.threads}")
+    if "cpu" in a.scan_kernels and not scan_cpu.available():
+        print(f"the cpu scan kernel is left out: {scan_cpu.unavailable_reason()}")
+        a.scan_kernels = [k for k in a.scan_kernels if k != "cpu"]
     rows = measure(a)
     for r in rows:
         flag = "" if r["target"] == "" else ("ok" if r["ratio_to_gpt_block"] <= TARGET else "ABOVE TARGET")
