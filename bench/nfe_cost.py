@@ -12,7 +12,7 @@ batches. The reference is one ``gpt`` block (attention + MLP) on the same activa
 take turns within each round (a slow period of the shared machine hits them alike); the median of
 each is compared. Target: one NFE at most 1.15x one ``gpt`` block. Arms with a selective SSM
 (``ti_ssm``) are timed with the library's scan and again with ``scan_cpu``'s compiled loop
-(``--scan-kernels``; ``SelectiveSSM.kernel = "cpu"``), the same function up to float32 rounding.
+(``--scan-kernels``; ``SelectiveSSM.kernel = "cpu"``), the same function to float32 accuracy.
 
 Memory comes from the heap as in training (``keep_freed_memory``): otherwise glibc's history of
 freed blocks decides which case page-faults on its large tensors. ``--clock cpu`` times the
