@@ -43,6 +43,17 @@ def test_the_ceiling_alone_and_the_margin_alone():
     assert not divergence.diverged(table, divergence.DivergenceRule(None, seed_margin=0.5), REFERENCES, group="cell").any()
 
 
+def test_flagged_runs_applies_the_declared_rule_whatever_its_action_and_none_flags_nothing():
+    # 07 flags the reported runs (reruns included) with the rule its sweep applied: rerun or report, same flags
+    table = runs({"a": [1.80, 1.82, 2.26], "b": [1.80, 1.81, 1.79]})
+    rerun = divergence.divergence_rule({"above": "bigram", "seed_margin": 0.1, "action": "rerun_lower"})
+    report = divergence.divergence_rule({"above": "bigram", "seed_margin": 0.1, "action": "report"})
+    for rule in (rerun, report):
+        reasons = divergence.flagged_runs(table, rule, REFERENCES, group="cell")
+        assert (reasons != "").tolist() == [False, False, True, False, False, False]
+    assert (divergence.flagged_runs(table, None, REFERENCES, group="cell") == "").all()
+
+
 def test_without_diverged_blanks_only_the_flagged_runs_losses():
     table = runs({"a": [1.80, 1.82, 2.26]})
     flags = divergence.diverged(table, divergence.DivergenceRule(seed_margin=0.1), REFERENCES, group="cell")

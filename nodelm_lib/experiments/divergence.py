@@ -161,6 +161,16 @@ def divergence_reasons(runs: pd.DataFrame, rule: DivergenceRule, references: Map
     return reasons
 
 
+def flagged_runs(runs: pd.DataFrame, rule: DivergenceRule | None, references: Mapping[str, float],
+                 group: str = "arm", metric: str = "val_loss") -> pd.Series:
+    """``divergence_reasons`` under a notebook's declared rule, whatever its action (a sweep has
+    applied it already; this flags the runs that still diverge, reruns included): all "" where
+    the params declare no rule (``divergence: null``)."""
+    if rule is None:
+        return pd.Series("", index=runs.index, dtype=object)
+    return divergence_reasons(runs, rule, references, group, metric)
+
+
 def diverged(runs: pd.DataFrame, rule: DivergenceRule, references: Mapping[str, float], group: str = "arm",
              metric: str = "val_loss") -> pd.Series:
     """Per run, whether it diverged under ``rule`` (``divergence_reasons`` is not empty)."""
