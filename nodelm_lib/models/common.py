@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import dataclasses
 import math
+import typing
 
 import torch
 import torch.nn as nn
@@ -251,6 +252,20 @@ def differentiable_twice(needed: bool = True):
         _TWICE.reset(token)
 
 
+class InferencePlan(typing.NamedTuple):
+    """What an inference solve of an ``ODEBlock`` steps on, formed once per setting
+    (``ODEBlock.inference_plan``): for ``ode`` (a copy) and a state of ``dtype`` on ``device``."""
+
+    ode: ODEConfig
+    dtype: torch.dtype
+    device: torch.device
+    decoding: bool  # formed while decoding (``active_cache``): no field times, weights kept per call site
+    solver: Solver
+    times: torch.Tensor
+    steps: list
+    field_times: torch.Tensor | None
+
+
 class ODEBlock(nn.Module):
     """Integrates ``field(t, x, *args)`` from t = 0 to t = 1 and returns x(1).
 
@@ -288,6 +303,7 @@ class ODEBlock(nn.Module):
         # the weights of an inference solve's grid, kept for the next solves (``open_grid``)
         self.keep_inference_weights = True
         self.kept_grid = KeptGrid()
+        self._plan: InferencePlan | None = None  # the last inference solve's grid (``inference_plan``)
 
     @staticmethod
     def times(dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
@@ -331,6 +347,10 @@ class ODEBlock(nn.Module):
             raise ValueError(f"integration='residual' is a discrete stack x + f(t_k, x): it needs "
                              f"method='euler', got {ode.method!r}")
         self.counters.reset()
+        plan = self.inference_plan(x)
+        if plan is not None:
+            grad.check(plan.solver)
+            return self._solve_planned(plan, x, *args)
         solver, grid = self.solve_grid(x.dtype, x.device)
         grad.check(solver)
         field = lambda t, h: self.vector_field(t, h, *args)  # noqa: E731
@@ -359,6 +379,34 @@ class ODEBlock(nn.Module):
             self.flow_integrals = {k: v for k, v in field.integrals().items() if weights[k] > 0}
         return states[-1]
 
+    def inference_plan(self, x: torch.Tensor) -> "InferencePlan | None":
+        """The solver, output times, step times and field times (``field_times``) of a solve of
+        ``x`` without autograd in eval mode with a fixed-step method, formed on the first such
+        solve and kept while ``ode``, x's dtype and device, and decoding or not stay the same; None
+        for any other solve (training, gradients, adaptive methods, compiling). They are the
+        numbers ``solve_grid`` and ``field_times`` would form again on every pass (a few dozen
+        scalar tensor operations per solve, a visible share of a 4-step solve of a small model),
+        so a planned solve is the unplanned one bit for bit."""
+        ode = self.ode
+        if self.training or torch.is_grad_enabled() or ode.method not in FIXED_STEP_METHODS or compiling():
+            return None
+        plan, decoding = self._plan, active_cache() is not None
+        if plan is None or plan.dtype != x.dtype or plan.device != x.device or plan.decoding != decoding \
+                or plan.ode != ode:
+            solver, times = self.solve_grid(x.dtype, x.device)
+            plan = self._plan = InferencePlan(dataclasses.replace(ode), x.dtype, x.device, decoding, solver, times,
+                                              solver.step_times(times), self.field_times(x))
+        return plan
+
+    def _solve_planned(self, plan: "InferencePlan", x: torch.Tensor, *args) -> torch.Tensor:
+        """x(1) of a solve on ``plan``'s grid: the fixed-step loop alone (without autograd every
+        gradient method is this loop), and only its last state (no stack of the trajectory)."""
+        field = lambda t, h: self.vector_field(t, h, *args)  # noqa: E731
+        with self.open_grid(plan.field_times):
+            xs, _ = plan.solver.march(field, x, plan.times, self.counters, grid=plan.steps)
+        self.penalty, self.flow_integrals = None, {}
+        return xs[-1]
+
     def open_grid(self, times: torch.Tensor | None):
         """The ``time_grid`` of one solve over ``times`` (none for None). At inference (eval mode,
         no autograd) it is the grid kept from the last such solve while the times and parameters
@@ -371,6 +419,7 @@ class ODEBlock(nn.Module):
 
     def train(self, mode: bool = True) -> "ODEBlock":
         self.kept_grid.clear()  # a change of mode starts inference afresh (the weights are formed again)
+        self._plan = None
         return super().train(mode)
 
     def field_times(self, x: torch.Tensor) -> torch.Tensor | None:

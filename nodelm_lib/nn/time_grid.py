@@ -33,6 +33,7 @@ class TimeGrid:
     def __init__(self, times: torch.Tensor):
         self.times = times  # (S,)
         self._memo: dict[tuple, object] = {}
+        self._positions: dict[float, int] = {}  # t -> its grid index, where reading t is free (``point``)
 
     def memo(self, owner: object, compute: Callable[[], object], *tag) -> object:
         """``compute()`` once per grid for ``owner`` (a layer) and ``tag``, then the stored value."""
@@ -44,47 +45,64 @@ class TimeGrid:
     def point(self, t: torch.Tensor, owner: object, inputs_at: Callable[[torch.Tensor], torch.Tensor]) -> "GridPoint":
         """t as a point of this grid, carrying ``inputs_at(times)`` (owner's batched time code
         or trunk output, (S, ...)). t is found as the nearest grid time on its device, without
-        a host synchronisation."""
-        index = (self.times - t.to(self.times)).abs().argmin().reshape(1)
-        return GridPoint(self, index, self.memo(owner, lambda: inputs_at(self.times)))
+        a host synchronisation. On a CPU without autograd, where reading t costs nothing, each time
+        is looked up once per grid and the point carries its index as a Python int."""
+        inputs = self.memo(owner, lambda: inputs_at(self.times))
+        if not _free_to_read(self.times):
+            return GridPoint(self, self._nearest(t), inputs)
+        key = float(t)
+        position = self._positions.get(key)
+        if position is None:
+            position = self._positions[key] = int(self._nearest(t))
+        return GridPoint(self, None, inputs, position)
+
+    def _nearest(self, t: torch.Tensor) -> torch.Tensor:
+        return (self.times - t.to(self.times)).abs().argmin().reshape(1)
 
 
 class GridPoint:
     """A field evaluation's time on a ``TimeGrid``: what time-dependent layers receive in place
     of the time code (node) or the trunk output h(t) (ti_*) while a grid is open."""
 
-    def __init__(self, grid: TimeGrid, index: torch.Tensor, inputs: torch.Tensor):
-        self.grid, self.index, self.inputs = grid, index, inputs  # index: (1,), on the grid's device
+    def __init__(self, grid: TimeGrid, index: torch.Tensor | None, inputs: torch.Tensor,
+                 position: int | None = None):
+        # index: (1,) on the grid's device; position: the same index as a Python int, where it is
+        # free to read (a CPU grid without autograd: ``TimeGrid.point``), else None
+        self.grid, self.index, self.inputs, self.position = grid, index, inputs, position
 
     @property
     def value(self) -> torch.Tensor:
         """The input at this time alone (what the layer would get without a grid)."""
-        return _at(self.inputs, self.index)
+        return self._at(self.inputs)
 
     def once(self, owner: object, name: str, compute: Callable[[], object]) -> object:
         """``compute()``, a value of this time alone (from ``value``), kept per grid time for
         ``owner`` and ``name`` where the time's index is free to read (a CPU grid without
         autograd); elsewhere computed at every call, as without a grid."""
-        if self.index.device.type != "cpu" or torch.is_grad_enabled():
+        if self.position is None:
             return compute()
-        return self.grid.memo(owner, compute, name, int(self.index))
+        return self.grid.memo(owner, compute, name, self.position)
 
     def take(self, layer: nn.Module, weights_at: Callable[[torch.Tensor], tuple]) -> tuple:
         """``layer``'s weights at this time: ``weights_at(inputs)`` for every grid time, computed
         once per grid, indexed at this one (a tuple of (S, ...) tensors or None)."""
         batched = self.grid.memo(layer, lambda: weights_at(self.inputs))
-        return tuple(None if w is None else _at(w, self.index) for w in batched)
+        return tuple(None if w is None else self._at(w) for w in batched)
+
+    def _at(self, batched: torch.Tensor) -> torch.Tensor:
+        """``batched[i]`` for this point's grid index i. Where i is a Python int (a CPU grid
+        without autograd), a view: the same numbers without copying a weight matrix per
+        evaluation. Elsewhere read on the device with the index tensor: turning it into an int
+        would be a host synchronisation per weight per field evaluation on a GPU (48 per node
+        training step at d 128, 4 steps)."""
+        if self.position is not None:
+            return batched[self.position]
+        return batched.index_select(0, self.index).squeeze(0)
 
 
-def _at(batched: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``batched[i]`` for the one grid index i held in the tensor ``index``, read on the device:
-    indexing with the tensor itself turns it into a Python int, a host synchronisation per weight
-    per field evaluation on a GPU (48 per node training step at d 128, 4 steps). Without autograd
-    on a CPU, where reading i costs nothing, a view: the same numbers without copying a weight
-    matrix per evaluation."""
-    if index.device.type == "cpu" and not torch.is_grad_enabled():
-        return batched[int(index)]
-    return batched.index_select(0, index).squeeze(0)
+def _free_to_read(times: torch.Tensor) -> bool:
+    """Whether a grid's times can be read on the host for nothing: on a CPU, without autograd."""
+    return times.device.type == "cpu" and not torch.is_grad_enabled()
 
 
 class KeptGrid:

@@ -80,7 +80,13 @@ def weighted_sum(weights, k: list[Tensor], fused: bool = True) -> Tensor:
     (a fused multiply-add); ``fused=False`` rounds w_i k_i first and then the sum. The two differ
     in the last bits: steps and error estimates sum fused, dense output (``adaptive.py``) unfused,
     each as it always has, so that solutions stay bit for bit what they were.
+
+    A single weight of 1 (Euler's b, the midpoint rule's) returns its stage itself: k * 1 is k,
+    bit for bit, and its copy would cost a pass over the state per step. Callers only read it.
     """
+    terms = [(w_i, k_i) for w_i, k_i in zip(weights, k) if w_i != 0.0]
+    if len(terms) == 1 and terms[0][0] == 1.0:
+        return terms[0][1]
     total = None
     for w_i, k_i in zip(weights, k):
         if w_i == 0.0:
