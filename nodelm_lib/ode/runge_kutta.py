@@ -88,9 +88,7 @@ def weighted_sum(weights, k: list[Tensor], fused: bool = True) -> Tensor:
     if len(terms) == 1 and terms[0][0] == 1.0:
         return terms[0][1]
     total = None
-    for w_i, k_i in zip(weights, k):
-        if w_i == 0.0:
-            continue
+    for w_i, k_i in terms:
         if total is None:
             total = k_i * w_i
         elif fused:
