@@ -332,13 +332,18 @@ def thousands(text) -> float:
     return float(str(text).replace(",", ""))
 
 
-def cell(table: str, column: str, **row: str) -> float:
-    """The estimate (the first number) of one cell of results/<table>; ``row`` gives the values of
-    other columns that pick its row, and exactly one row must fit them."""
+def cell_numbers(table: str, column: str, **row: str) -> tuple[float, ...]:
+    """Every number of one cell of results/<table> ("1.811 ± 0.011": the estimate and its half-width);
+    ``row`` gives the values of other columns that pick its row, and exactly one row must fit them."""
     df = pd.read_csv(RESULTS / table, dtype=str, keep_default_na=False)
     fits = df[(df[list(row)] == pd.Series(row)).all(axis=1)]
     assert len(fits) == 1, f"results/{table}: {len(fits)} rows have {row}"
-    return cell_values(fits.iloc[0][column])[0]
+    return cell_values(fits.iloc[0][column])
+
+
+def cell(table: str, column: str, **row: str) -> float:
+    """The estimate (the first number) of one cell of results/<table> (``cell_numbers``)."""
+    return cell_numbers(table, column, **row)[0]
 
 
 def holm_max(table: str, **within: tuple[str, ...]) -> float:
@@ -429,6 +434,19 @@ def iso_flops_gaps(arm: str) -> tuple[float, float]:
     return min(gaps), max(gaps)
 
 
+def changed_widths(*arms: str) -> list[int]:
+    """The width of each arm's cell whose full-length check changed its learning rate (one cell per
+    arm), results/scaling_cpu_wide_lr_full_length.csv, whose cells are named "<arm> d=<width>"."""
+    checks = csv("scaling_cpu_wide_lr_full_length.csv")
+    changed = [cell.split() for cell in checks[checks.changed].arm]
+    widths = []
+    for arm in arms:
+        found = [int(d.removeprefix("d=")) for a, d in changed if a == arm]
+        assert len(found) == 1, f"{arm}: {len(found)} changed cells in scaling_cpu_wide_lr_full_length.csv"
+        widths += found
+    return widths
+
+
 def last_band_wins() -> int:
     """Seeds in which ti_ssm's loss at positions 2048-4096 is below gpt's (08's bands, window 4096)."""
     bands = csv("long_context_cpu_bands.csv")
@@ -471,6 +489,7 @@ CONSTANTS = [
     Declared(B1, rf"resolved at {N} seeds", lambda: [len(params(S02)["seeds"])], f"the seeds of params/{S02}.yaml"),
     Declared(B1, rf"within {N} nats", lambda: [params(S02)["equivalence_margin"]],
              f"the TOST margin of params/{S02}.yaml"),
+    Declared(B1, rf"the {N}-step selection", lambda: [params(S02)["lr_steps"]], f"lr_steps of params/{S02}.yaml"),
     Declared(B3, rf"Across {W} small widths", lambda: [len(params(S07)["widths"])], f"the widths of params/{S07}.yaml"),
     Declared(B3, rf"{W} widths at a fixed", lambda: [len(params(S07)["widths"])], f"the widths of params/{S07}.yaml"),
     Declared(B3, rf"at {N} seeds", lambda: [len(params(S07)["seeds"])], f"the seeds of params/{S07}.yaml"),
@@ -481,6 +500,7 @@ CONSTANTS = [
     Declared(B3, rf"\(extrapolated, d = {N}\), while", lambda: [params(S07)["widths"][-1]],
              f"the widest width of params/{S07}.yaml"),
     Declared(B3, rf"same {N} steps", lambda: [params(S07)["max_steps"]], f"max_steps of params/{S07}.yaml"),
+    Declared(B3, rf"whose {N}-step choice", lambda: [params(S07)["lr_steps"]], f"lr_steps of params/{S07}.yaml"),
     Declared(B4, rf"at {N} seeds", lambda: [len(params(S03)["seeds"])], f"the seeds of params/{S03}.yaml"),
     Declared(B4, rf"within {N}", lambda: [params(S03)["equivalence_margin"]], f"the TOST margin of params/{S03}.yaml"),
     Declared(B4, rf"trained at {N} steps", lambda: [params(S03)["base_steps"]], f"base_steps of params/{S03}.yaml"),
@@ -518,6 +538,10 @@ LAST_CHANGE = "change [2048, 4096) - [0, 256)"
 PINNED = [
     Declared(B1, rf"ti_mlp \({N}\)", lambda: [cell(T02, "mean_diff", family="vs gpt", arm="ti_mlp")],
              f"ti_mlp − gpt in results/{T02}"),
+    Declared(B1, rf"test loss gpt {N} ± {N}", lambda: list(cell_numbers("seed_comparison_cpu.csv", "test loss", arm="gpt")),
+             "gpt's test loss and its 95% CI half-width in results/seed_comparison_cpu.csv"),
+    Declared(B1, rf"the hybrid \({N}, at", lambda: [cell(T02, "mean_diff", family="vs gpt", arm="hybrid")],
+             f"hybrid − gpt in results/{T02}"),
     Declared(B1, rf"node \({N}, with", lambda: [cell(T02, "mean_diff", family="vs gpt", arm="node")],
              f"node − gpt in results/{T02}"),
     # a bound is pinned to the largest p of the tests it summarises
@@ -552,6 +576,9 @@ PINNED = [
              lambda: [cell(ISO, "minus gpt's", at=FLOPS, arm="ti_ssm", extrapolated="no", **{"gpt width": "64"}),
                       cell(ISO, "minus gpt's", at=FLOPS, arm="ti_ssm", extrapolated="yes", **{"gpt width": "192"})],
              f"ti_ssm − gpt at gpt's training FLOPs, d = 64 and 192 (extrapolated), in results/{ISO}"),
+    Declared(B4, rf"is {N} nats better than time modulation",
+             lambda: [abs(cell("ablation_tests_cpu.csv", "mean_diff", family="modulation"))],
+             "constant − time in results/ablation_tests_cpu.csv (a magnitude: 'better')"),
     Declared(B4, rf"p = {N} alone", lambda: [cell("ablation_tests_cpu.csv", "p_t", family="modulation")],
              "the unadjusted p of constant vs time in results/ablation_tests_cpu.csv"),
     Declared(B4, rf"survive Holm, p ≤ {N}", lambda: [max(survivors(), default=float("nan"))],
@@ -620,6 +647,8 @@ DERIVED = [
              f"the rows of results/{ISO} that are tested (not extrapolated)"),
     Declared(B3, rf"ti_mlp stays {N}-{N} behind", lambda: list(iso_flops_gaps("ti_mlp")),
              f"ti_mlp − gpt at gpt's training FLOPs, least and most where not extrapolated, results/{ISO}"),
+    Declared(B3, rf"\(gpt d = {N} and ti_mlp d = {N} moved\)", lambda: changed_widths("gpt", "ti_mlp"),
+             "the widths whose full-length check changed gpt's and ti_mlp's rate, results/scaling_cpu_wide_lr_full_length.csv"),
     Declared(B4, rf"over 03's {N} comparisons", lambda: [len(csv("ablation_tests_cpu.csv"))],
              "the rows of results/ablation_tests_cpu.csv, 03's Holm family"),
     Declared(B4, rf"loses {N}-{N} nats", lambda: list(loss_at_other_depths()),

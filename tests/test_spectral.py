@@ -453,3 +453,31 @@ def test_the_cpu_profile_analyses_02s_runs():
         assert record.status == "completed" and record.train_config.max_steps == 2000
     node = next(tc for arm, seed, tc in configs if arm == "node")
     assert (node.model.d_model, node.model.hyper_dim, node.model.ode.n_steps) == (128, 64, 4)  # Tong's hypernetwork
+
+
+def test_the_committed_cpu_store_holds_every_analysis_04_needs():
+    """A reproduce of 04's cpu profile from the committed store trains nothing on any CPU: each of
+    its runs has, beside its record, every analysis the notebook asks for (the keys ``Analyses``
+    builds from the profile's sentence and settings), tagged with that record's final loss. Without
+    them 04 would retrain the run for its weights, and on another CPU type get other weights."""
+    import yaml
+
+    from nodelm_lib.analysis.dynamics_store import Analyses
+    from nodelm_lib.data import get_tokenizer
+    from nodelm_lib.experiments import protocol
+    from nodelm_lib.runs.store import read_evaluations
+
+    root = Path(__file__).resolve().parents[1]
+    store = root / "results" / "runs" / "cpu"
+    p = yaml.safe_load((root / "params" / "04_spectral_lyapunov" / "cpu.yaml").read_text())
+    base = protocol.base_from_params(p)
+    arms = protocol.architecture_arms(base.model, p["archs"], presets=p["presets"])
+    configs = protocol.sweep_configs(base, arms, p["seeds"], protocol.selected_lrs(root / "results" / p["lr_selection"]))
+    tokens = get_tokenizer(p["tokenizer"]).encode(p["sentence"])[:p["max_seq_len"]]
+    analyses = Analyses(tokens=tokens, ff_units=p["ff_units"], jacobian_mode=p["jacobian_mode"],
+                        n_krylov=p["n_krylov"])
+    for arm, seed, tc in configs:
+        record = nl.RunRecord.from_json(store / f"{run_hash(tc)}.json")
+        stored = read_evaluations(record, store)
+        missing = [k for k in analyses.keys(seed, flow=seed in p["flow_seeds"]) if k not in stored]
+        assert not missing, f"{arm} seed {seed} ({record.config_hash}): no stored {missing}"
