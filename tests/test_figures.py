@@ -32,6 +32,62 @@ def runs_frame(offsets: dict[str, float], seeds=range(5)) -> pd.DataFrame:
                          for i, (a, off) in enumerate(offsets.items()) for s in seeds])
 
 
+def line_figure(y_end: float = 4.0, xlabel: str = "step") -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([1, 2], [3, y_end])
+    ax.set_xlabel(xlabel)
+    return fig
+
+
+def nudged_png(path: Path, levels: int) -> bytes:
+    """``path``'s PNG with one pixel's red channel moved by ``levels``, its metadata kept: what
+    another CPU's rendering of the same figure looks like (anti-aliasing rounded elsewhere)."""
+    import io
+
+    from PIL import PngImagePlugin
+
+    image = Image.open(path)
+    pixels = np.asarray(image).copy()
+    pixels[5, 5, 0] = pixels[5, 5, 0] - levels if pixels[5, 5, 0] >= levels else pixels[5, 5, 0] + levels
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Description", image.info["Description"])
+    out = io.BytesIO()
+    Image.fromarray(pixels, image.mode).save(out, format="png", pnginfo=info, dpi=image.info["dpi"])
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("levels, kept", [(1, True), (2, True), (3, False), (40, False)])
+def test_a_rendering_within_rounding_of_the_saved_figure_keeps_its_files(tmp_path, levels, kept):
+    """A rerun on another CPU type draws the same figure with anti-aliased edges rounded elsewhere;
+    save_figure keeps the committed PNG and PDF then (git stays clean), and writes both where a
+    pixel moved by more than SAME_PICTURE_LEVELS."""
+    png, pdf = save_figure(line_figure(), tmp_path / "f")
+    committed = nudged_png(png, levels)
+    png.write_bytes(committed)
+    pdf.write_bytes(b"the committed pdf")
+    save_figure(line_figure(), tmp_path / "f")
+    assert (png.read_bytes() == committed) is kept
+    assert (pdf.read_bytes() == b"the committed pdf") is kept
+    plt.close("all")
+
+
+def test_a_changed_figure_is_written_again(tmp_path):
+    png, pdf = save_figure(line_figure(), tmp_path / "f")
+    first = png.read_bytes()
+    save_figure(line_figure(y_end=4.5), tmp_path / "f")  # the data moved: many pixels change
+    assert png.read_bytes() != first
+    relabelled = save_figure(line_figure(xlabel="tokens"), tmp_path / "f")[0]  # the axes description changed
+    assert json.loads(Image.open(relabelled).info["Description"])[0]["xlabel"] == "tokens"
+    pdf.unlink()  # a missing PDF: both are written, even for the same picture
+    before = png.read_bytes()
+    save_figure(line_figure(xlabel="tokens"), tmp_path / "f")
+    assert pdf.exists() and png.read_bytes() == before
+    png.write_bytes(b"not a png")
+    save_figure(line_figure(xlabel="tokens"), tmp_path / "f")
+    assert png.read_bytes() == before
+    plt.close("all")
+
+
 def test_save_figure_writes_the_project_resolution_and_describes_the_axes(tmp_path):
     plt.rcdefaults()  # the default style (100 dpi): save_figure still writes the project's
     fig, (a, b) = plt.subplots(1, 2)
